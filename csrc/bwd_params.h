@@ -1,0 +1,72 @@
+// The one host/device interface of the attention backward: every kernel of the
+// backward (preprocess, main, postprocess) reads its inputs from this struct.
+// Filled by registration/ from plain integers; no torch types cross this line.
+#pragma once
+
+#include <cstdint>
+
+namespace sm90_sdpa {
+
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+// Rows of the fp32 workspaces are padded to a multiple of this, so every tile of the
+// main kernel (at most 128 rows) reads and writes whole rows, and fp32 rows of the
+// LSE / D vectors are 16-byte aligned for TMA.
+constexpr int kSeqRound = 128;
+
+inline int round_up_seq(int s) { return (s + kSeqRound - 1) / kSeqRound * kSeqRound; }
+
+struct BwdParams {
+  // ---- problem size ----
+  int batch = 0;
+  int heads_q = 0;     // Hq
+  int heads_kv = 0;    // Hkv; Hq % Hkv == 0 (GQA group = Hq / Hkv)
+  int seqlen_q = 0;    // Sq
+  int seqlen_k = 0;    // Sk
+  int head_dim = 0;    // D (q, k)
+  int head_dim_v = 0;  // Dv (v, out); the SM90 kernels require Dv == D
+  int seqlen_q_rounded = 0;  // round_up_seq(Sq): row count of the fp32 q-side workspaces
+  int seqlen_k_rounded = 0;  // round_up_seq(Sk): row count of the fp32 kv-side workspaces
+  DType dtype = DType::kBFloat16;
+
+  // ---- semantics ----
+  float scale = 0.f;       // softmax scale applied to q k^T
+  float scale_log2 = 0.f;  // scale * log2(e): P = exp2(S * scale_log2 - lse_log2)
+  bool is_causal = false;  // SDPA top-left alignment: key j visible to query i iff j <= i
+  bool deterministic = false;
+
+  // ---- inputs: [B, H, S, D] views, element strides, last dim contiguous ----
+  const void* q = nullptr;     // [B, Hq, Sq, D]
+  int64_t q_batch_stride = 0, q_head_stride = 0, q_row_stride = 0;
+  const void* k = nullptr;     // [B, Hkv, Sk, D]
+  int64_t k_batch_stride = 0, k_head_stride = 0, k_row_stride = 0;
+  const void* v = nullptr;     // [B, Hkv, Sk, Dv]
+  int64_t v_batch_stride = 0, v_head_stride = 0, v_row_stride = 0;
+  const void* out = nullptr;   // [B, Hq, Sq, Dv]
+  int64_t out_batch_stride = 0, out_head_stride = 0, out_row_stride = 0;
+  const void* dout = nullptr;  // [B, Hq, Sq, Dv]
+  int64_t dout_batch_stride = 0, dout_head_stride = 0, dout_row_stride = 0;
+  const float* lse = nullptr;  // [B, Hq, Sq] natural-log logsumexp of scaled scores
+  int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
+
+  // ---- fp32 workspaces, contiguous, allocated by the caller (no need to zero them) ----
+  float* dsum = nullptr;      // [B, Hq, Sq_rounded]     D_i = rowsum(dO_i * O_i); 0 in padding
+  float* lse_log2 = nullptr;  // [B, Hq, Sq_rounded]     lse * log2(e); +inf in padding
+  float* dq_accum = nullptr;  // [B, Hq, Sq_rounded, D]  unscaled dQ, zeroed by the preprocess
+  // GQA only (Hq != Hkv), else nullptr: unscaled dK and dV summed over each group,
+  // zeroed by the preprocess.
+  float* dk_accum = nullptr;  // [B, Hkv, Sk_rounded, D]
+  float* dv_accum = nullptr;  // [B, Hkv, Sk_rounded, Dv]
+
+  // ---- outputs, in the input dtype, any strides with a contiguous last dim ----
+  void* dq = nullptr;  // [B, Hq, Sq, D]
+  int64_t dq_batch_stride = 0, dq_head_stride = 0, dq_row_stride = 0;
+  void* dk = nullptr;  // [B, Hkv, Sk, D]
+  int64_t dk_batch_stride = 0, dk_head_stride = 0, dk_row_stride = 0;
+  void* dv = nullptr;  // [B, Hkv, Sk, Dv]
+  int64_t dv_batch_stride = 0, dv_head_stride = 0, dv_row_stride = 0;
+
+  int num_sms = 0;  // multiprocessors of the device (for persistent schedules)
+};
+
+}  // namespace sm90_sdpa
