@@ -1,0 +1,19 @@
+// Declaration of the main SM90 backward kernel's launcher, one explicit instantiation per
+// (dtype, head dim) in a generated file csrc/instantiations/bwd_main_<dtype>_hdim<D>.cu.
+// The definition lives in bwd_main_launch_template.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "bwd_params.h"
+
+namespace sm90_sdpa {
+
+// Runs the main backward kernel only: expects the preprocess to have filled dsum,
+// lse_log2 and zeroed dq_accum (and dk_accum / dv_accum for GQA). Adds unscaled dQ
+// into dq_accum. MHA (Hq == Hkv): writes dk (scaled by params.scale) and dv to the outputs.
+// GQA: adds unscaled dK and dV into dk_accum / dv_accum; the postprocess converts them.
+template <DType kDType, int kHeadDim>
+void run_bwd_main(const BwdParams& params, cudaStream_t stream);
+
+}  // namespace sm90_sdpa
