@@ -1,0 +1,67 @@
+"""Shared helpers of the test suite: input builders and the float64 reference."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+
+
+def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype=torch.float64,
+             device="cpu", layout="bhsd", generator=None):
+    """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] with the requested memory layout:
+    'bhsd' (contiguous), 'bshd' (transposed views, as attention modules make them) or
+    'packed' (views into one [B, S, Hq + 2*Hkv, D] tensor, needs Sq == Sk)."""
+    def randn(*shape):
+        return torch.randn(*shape, dtype=torch.float32, generator=generator).to(dtype).to(device)
+
+    if layout == "bhsd":
+        return (randn(batch, heads_q, seqlen_q, head_dim),
+                randn(batch, heads_kv, seqlen_k, head_dim),
+                randn(batch, heads_kv, seqlen_k, head_dim))
+    if layout == "bshd":
+        return (randn(batch, seqlen_q, heads_q, head_dim).transpose(1, 2),
+                randn(batch, seqlen_k, heads_kv, head_dim).transpose(1, 2),
+                randn(batch, seqlen_k, heads_kv, head_dim).transpose(1, 2))
+    if layout == "packed":
+        assert seqlen_q == seqlen_k
+        qkv = randn(batch, seqlen_q, heads_q + 2 * heads_kv, head_dim)
+        q, k, v = qkv.split([heads_q, heads_kv, heads_kv], dim=2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    raise ValueError(layout)
+
+
+def reference_grads_fp64(q, k, v, grad_out, is_causal, scale):
+    """(out, dq, dk, dv) in float64 from autograd of stock SDPA (math in float64)."""
+    q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(
+        q64, k64, v64, is_causal=is_causal, scale=scale, enable_gqa=q.size(1) != k.size(1)
+    )
+    dq, dk, dv = torch.autograd.grad(out, (q64, k64, v64), grad_out.to(torch.float64))
+    return out.detach(), dq, dk, dv
+
+
+def stock_forward_cpu(q, k, v, is_causal, scale):
+    """(out, lse [B, Hq, Sq]) from the stock CPU fused forward."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, is_causal, scale=scale
+    )
+
+
+def rel_err(actual, expected):
+    """||actual - expected|| / ||expected|| in float64 (0 for empty tensors)."""
+    expected = expected.to(torch.float64)
+    if expected.numel() == 0:
+        return 0.0
+    diff = (actual.to(torch.float64) - expected).norm().item()
+    return diff / max(expected.norm().item(), 1e-30)
+
+
+def significant_strides(t):
+    """Strides of the dims of size > 1: the others do not affect the memory layout."""
+    return tuple(st for sz, st in zip(t.shape, t.stride()) if sz > 1)
+
+
+requires_sm90 = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="needs an SM90 (Hopper) GPU",
+)

@@ -1,0 +1,160 @@
+"""The op layer: opcheck, fake / meta kernels, autograd of sdpa, the eager drop-in."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_sm90_sdpa
+from conftest import make_qkv, reference_grads_fp64, significant_strides, stock_forward_cpu
+
+sdpa_backward = torch.ops.torch_sm90_sdpa.sdpa_backward
+sdpa = torch.ops.torch_sm90_sdpa.sdpa
+
+OPCHECK_CASES = [
+    # (B, Hq, Hkv, Sq, Sk, D, layout, is_causal, dtype)
+    (2, 4, 4, 17, 17, 16, "bhsd", True, torch.float32),
+    (1, 4, 2, 9, 23, 16, "bhsd", False, torch.float32),
+    (2, 4, 2, 12, 12, 16, "packed", True, torch.bfloat16),
+    (1, 2, 1, 1, 5, 8, "bshd", True, torch.float64),
+]
+
+
+def _backward_args(case, requires_grad=False):
+    *shape, layout, is_causal, dtype = case
+    q, k, v = make_qkv(*shape, dtype=dtype, layout=layout)
+    scale = 1 / math.sqrt(q.size(-1))
+    out, lse = stock_forward_cpu(q, k, v, is_causal, scale)
+    grad_out = torch.randn_like(out)
+    return (grad_out, q, k, v, out, lse, is_causal, scale, False)
+
+
+class TestSdpaBackwardOp:
+    @pytest.mark.parametrize("case", OPCHECK_CASES, ids=str)
+    def test_opcheck(self, case):
+        # All default checks (schema, autograd registration, fake tensor, AOT dispatch).
+        # Inputs do not require grad: the op is itself a backward, and differentiating it
+        # is unsupported (test_double_backward_raises).
+        torch.library.opcheck(sdpa_backward.default, _backward_args(case))
+
+    @pytest.mark.parametrize("case", OPCHECK_CASES, ids=str)
+    def test_fake_and_meta_match_real(self, case):
+        args = _backward_args(case)
+        real = sdpa_backward(*args)
+        with FakeTensorMode() as mode:
+            fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+            fake = sdpa_backward(*fake_args)
+        # Rebuild strided views exactly on the meta device (.to keeps dense strides only).
+        meta_args = [
+            torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+            if isinstance(a, torch.Tensor) else a for a in args
+        ]
+        meta = sdpa_backward(*meta_args)
+        for r, f, m in zip(real, fake, meta):
+            for other in (f, m):
+                assert other.shape == r.shape
+                assert significant_strides(other) == significant_strides(r)
+                assert other.dtype == r.dtype
+
+    def test_double_backward_raises(self):
+        q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 8))
+        out = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
+        (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+        with pytest.raises(RuntimeError, match="does not support double backward"):
+            dq.sum().backward()
+
+
+class TestSdpaOp:
+    @pytest.mark.parametrize("case", OPCHECK_CASES, ids=str)
+    def test_opcheck(self, case):
+        *shape, layout, is_causal, dtype = case
+        q, k, v = (t.requires_grad_() for t in make_qkv(*shape, dtype=dtype, layout=layout))
+        torch.library.opcheck(sdpa.default, (q, k, v, is_causal, 0.25, True))
+
+    @pytest.mark.parametrize("case", OPCHECK_CASES, ids=str)
+    def test_fake_matches_real(self, case):
+        *shape, layout, is_causal, dtype = case
+        q, k, v = make_qkv(*shape, dtype=dtype, layout=layout)
+        real = sdpa(q, k, v, is_causal, 0.25, True)
+        with FakeTensorMode() as mode:
+            fake = sdpa(*(mode.from_tensor(t) for t in (q, k, v)), is_causal, 0.25, True)
+        for r, f in zip(real, fake):
+            assert (f.shape, f.dtype) == (r.shape, r.dtype)
+            assert significant_strides(f) == significant_strides(r)
+
+    @pytest.mark.parametrize("is_causal", [False, True])
+    def test_gradients_match_fp64(self, is_causal):
+        torch.manual_seed(3)
+        q, k, v = (t.requires_grad_() for t in make_qkv(2, 4, 2, 19, 31, 16, layout="bshd"))
+        out, lse = sdpa(q, k, v, is_causal, 0.2, True)
+        assert not lse.requires_grad
+        grad_out = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), grad_out)
+        ref_out, *ref = reference_grads_fp64(q, k, v, grad_out, is_causal, 0.2)
+        torch.testing.assert_close(out, ref_out)
+        for g, r in zip(grads, ref):
+            torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10)
+
+    def test_backward_runs_our_op(self):
+        """The backward of sdpa is sdpa_backward, seen by the dispatcher."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen = []
+
+        class Record(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 8))
+        out, _ = sdpa(q, k, v, True, 0.5, False)
+        with Record():
+            out.sum().backward()
+        assert "torch_sm90_sdpa.sdpa_backward.default" in seen
+
+
+class TestDropIn:
+    @pytest.mark.parametrize("is_causal", [False, True])
+    @pytest.mark.parametrize("scale", [None, 0.1])
+    def test_matches_stock(self, is_causal, scale):
+        torch.manual_seed(4)
+        q, k, v = make_qkv(2, 4, 2, 24, 40, 16, dtype=torch.float32)
+        grads = []
+        for fn in (torch_sm90_sdpa.scaled_dot_product_attention, F.scaled_dot_product_attention):
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            out = fn(qq, kk, vv, is_causal=is_causal, scale=scale, enable_gqa=True)
+            out.backward(torch.ones_like(out))  # also exercises an expanded grad_out
+            grads.append((out, qq.grad, kk.grad, vv.grad))
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+    def test_non_contiguous_last_dim_is_copied(self):
+        q, k, v = (t.transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_()
+                   for t in make_qkv(1, 2, 2, 8, 8, 8))
+        out = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v)
+        out.sum().backward()
+        assert q.grad is not None
+
+    @pytest.mark.parametrize(
+        "kwargs",
+        [dict(attn_mask="mask"), dict(dropout_p=0.5), dict(no_grad=True)],
+        ids=["attn_mask", "dropout", "no_grad"],
+    )
+    def test_unservable_calls_go_to_stock(self, kwargs, monkeypatch, caplog):
+        calls = []
+        monkeypatch.setattr(torch.ops.torch_sm90_sdpa, "sdpa",
+                            lambda *a: calls.append(a) or pytest.fail("op called"))
+        q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 8, dtype=torch.float32))
+        no_grad = kwargs.pop("no_grad", False)
+        if kwargs.get("attn_mask") == "mask":
+            kwargs["attn_mask"] = torch.ones(8, 8, dtype=torch.bool).tril()
+        torch.manual_seed(5)
+        with caplog.at_level("DEBUG", logger="torch_sm90_sdpa"), torch.set_grad_enabled(not no_grad):
+            out = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, **kwargs)
+        torch.manual_seed(5)
+        with torch.set_grad_enabled(not no_grad):
+            expected = F.scaled_dot_product_attention(q, k, v, **kwargs)
+        torch.testing.assert_close(out, expected)
+        assert not calls
+        assert "stock path" in caplog.text

@@ -1,0 +1,134 @@
+"""Input checks shared by the ops and the public functions.
+
+Every message names the argument and says what was expected, so a user who passes a
+wrong tensor learns which one and why without reading our code.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Floating dtypes the ops accept. The CUDA kernels serve fp16/bf16 only; fp32 and fp64
+# are served by the CPU reference (and give a clear error on CUDA).
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+CUDA_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_tensor(name: str, t, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(
+            f"{name}: expected a {ndim}-D tensor, got shape {tuple(t.shape)}"
+        )
+
+
+def _check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.size(-1) > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: expected a contiguous last dimension (stride(-1) == 1), "
+            f"got strides {tuple(t.stride())}; call .contiguous() first"
+        )
+
+
+def _check_same_device(named: dict[str, torch.Tensor]) -> None:
+    (first_name, first), *rest = named.items()
+    for name, t in rest:
+        if t.device != first.device:
+            raise ValueError(
+                f"{name}: expected a tensor on {first.device} (the device of "
+                f"{first_name}), got one on {t.device}"
+            )
+
+
+def _check_dtypes(named: dict[str, torch.Tensor]) -> torch.dtype:
+    (first_name, first), *rest = named.items()
+    if first.dtype not in SUPPORTED_DTYPES:
+        allowed = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        raise TypeError(f"{first_name}: expected dtype in ({allowed}), got {first.dtype}")
+    for name, t in rest:
+        if t.dtype != first.dtype:
+            raise TypeError(
+                f"{name}: expected dtype {first.dtype} (the dtype of {first_name}), "
+                f"got {t.dtype}"
+            )
+    return first.dtype
+
+
+def _check_dim(name: str, t: torch.Tensor, dim: int, expected: int, what: str, source: str) -> None:
+    if t.size(dim) != expected:
+        raise ValueError(
+            f"{name}: expected {what} {expected} (as {source}), got {t.size(dim)} "
+            f"(shape {tuple(t.shape)})"
+        )
+
+
+def check_scale(scale) -> None:
+    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite float, got {scale!r}")
+
+
+def check_attention_inputs(q, k, v) -> None:
+    """q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv]; Hq % Hkv == 0."""
+    _check_tensor("query", q, 4)
+    _check_tensor("key", k, 4)
+    _check_tensor("value", v, 4)
+    named = {"query": q, "key": k, "value": v}
+    _check_same_device(named)
+    _check_dtypes(named)
+    batch, heads_q, _, head_dim = q.shape
+    heads_kv, seqlen_k = k.size(1), k.size(2)
+    _check_dim("key", k, 0, batch, "batch size", "query.size(0)")
+    _check_dim("value", v, 0, batch, "batch size", "query.size(0)")
+    _check_dim("key", k, 3, head_dim, "head dim", "query.size(-1)")
+    if heads_kv == 0 or heads_q % heads_kv != 0:
+        raise ValueError(
+            f"key: expected a number of heads that divides query's {heads_q} heads "
+            f"(grouped-query attention), got {heads_kv}"
+        )
+    _check_dim("value", v, 1, heads_kv, "number of heads", "key.size(1)")
+    _check_dim("value", v, 2, seqlen_k, "sequence length", "key.size(2)")
+    for name, t in named.items():
+        _check_last_dim_contiguous(name, t)
+
+
+def check_backward_inputs(grad_out, q, k, v, out, lse, scale) -> None:
+    """Checks the arguments of torch_sm90_sdpa::sdpa_backward.
+
+    grad_out, out [B, Hq, Sq, Dv]; lse [B, Hq, Sq] float32 (float64 with float64 inputs).
+    """
+    check_attention_inputs(q, k, v)
+    _check_tensor("grad_out", grad_out, 4)
+    _check_tensor("out", out, 4)
+    _check_tensor("lse", lse, 3)
+    _check_same_device({"query": q, "grad_out": grad_out, "out": out, "lse": lse})
+    _check_dtypes({"query": q, "grad_out": grad_out, "out": out})
+    expected_out = (q.size(0), q.size(1), q.size(2), v.size(3))
+    for name, t in (("out", out), ("grad_out", grad_out)):
+        if tuple(t.shape) != expected_out:
+            raise ValueError(
+                f"{name}: expected shape {expected_out} ([B, Hq, Sq, Dv] from query and "
+                f"value), got {tuple(t.shape)}"
+            )
+        _check_last_dim_contiguous(name, t)
+    expected_lse = tuple(q.shape[:3])
+    if tuple(lse.shape) != expected_lse:
+        raise ValueError(
+            f"lse: expected shape {expected_lse} ([B, Hq, Sq] from query), "
+            f"got {tuple(lse.shape)}"
+        )
+    lse_dtypes = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+    if lse.dtype not in lse_dtypes:
+        raise TypeError(
+            f"lse: expected dtype {' or '.join(map(str, lse_dtypes))}, got {lse.dtype}"
+        )
+    check_scale(scale)
+
+
+def check_cuda_kernel_dtype(q: torch.Tensor) -> None:
+    if q.dtype not in CUDA_KERNEL_DTYPES:
+        raise TypeError(
+            f"query: the SM90 CUDA kernel expects dtype torch.float16 or torch.bfloat16, "
+            f"got {q.dtype}"
+        )

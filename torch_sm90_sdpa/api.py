@@ -1,0 +1,92 @@
+"""The eager drop-in: ``torch_sm90_sdpa.scaled_dot_product_attention``.
+
+Same signature and result as ``torch.nn.functional.scaled_dot_product_attention``. Calls
+we can serve run the stock fused forward and our backward (``torch_sm90_sdpa::sdpa``);
+every other call goes to the stock function unchanged. Each decision is logged on the
+``torch_sm90_sdpa`` logger at DEBUG.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import _validation
+
+log = logging.getLogger("torch_sm90_sdpa")
+
+
+def _cuda_unservable_reason(q: torch.Tensor) -> str | None:
+    """Why the SM90 kernel cannot take this CUDA call, or None if it can."""
+    from . import _extension
+
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return f"device {q.device} is not SM90"
+    if q.dtype not in _validation.CUDA_KERNEL_DTYPES:
+        return f"dtype {q.dtype} has no SM90 kernel"
+    if not _extension.has_variant(q.size(-1), q.dtype):
+        return f"no compiled SM90 kernel for head dim {q.size(-1)} and {q.dtype}"
+    if torch.are_deterministic_algorithms_enabled():
+        return "deterministic algorithms requested"
+    return None
+
+
+def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -> str | None:
+    if attn_mask is not None:
+        return "attn_mask is set"
+    if dropout_p != 0.0:
+        return "dropout_p > 0"
+    if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+        return "query/key/value are not all tensors"
+    if not all(t.dim() == 4 for t in (query, key, value)):
+        return "query/key/value are not all 4-D"
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))):
+        return "no gradient is needed"
+    if value.size(-1) != query.size(-1):
+        return "value head dim differs from query head dim"
+    if query.size(1) != key.size(1) and not enable_gqa:
+        return "head counts differ and enable_gqa is False"
+    if query.device.type == "cuda":
+        return _cuda_unservable_reason(query)
+    if query.device.type != "cpu":
+        return f"device type {query.device.type} is not served"
+    return None
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """Drop-in for ``F.scaled_dot_product_attention`` whose backward runs on our kernels.
+
+    query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, D]; Hq % Hkv == 0 with
+    ``enable_gqa=True``. ``scale=None`` means ``1 / sqrt(D)``. Calls with an attn_mask,
+    dropout, other ranks, no gradient to compute, or (on CUDA) a non-SM90 device, a
+    dtype or head dim without a compiled kernel, fall back to the stock function.
+    """
+    if all(isinstance(t, torch.Tensor) for t in (query, key, value)) and query.dim() == 4:
+        # Bad input is reported by us, naming the argument, before any routing.
+        query, key, value = (
+            t.contiguous() if t.size(-1) > 1 and t.stride(-1) != 1 else t
+            for t in (query, key, value)
+        )
+        _validation.check_attention_inputs(query, key, value)
+    reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa)
+    if reason is not None:
+        log.debug("scaled_dot_product_attention: stock path (%s)", reason)
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+        )
+    resolved_scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
+    log.debug("scaled_dot_product_attention: torch_sm90_sdpa backward")
+    out, _ = torch.ops.torch_sm90_sdpa.sdpa(query, key, value, is_causal, resolved_scale, enable_gqa)
+    return out

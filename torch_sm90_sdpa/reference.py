@@ -1,0 +1,72 @@
+"""The CPU reference of the attention backward: plain tensor math in fp32 (fp64 for
+fp64 inputs), written out explicitly (no autograd: custom-op kernels run below the
+Autograd key). It is what CI, opcheck and the CPU route of the compile pass run, and
+it states the semantics the CUDA kernel must match.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def causal_mask(seqlen_q: int, seqlen_k: int, device) -> torch.Tensor:
+    """SDPA's causal mask, aligned top-left: key j is visible to query i iff j <= i
+    (also when Sq != Sk; FlashAttention kernels align bottom-right instead)."""
+    return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device).tril()
+
+
+def _math_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def attention_backward_reference(
+    grad_out: torch.Tensor,  # [B, Hq, Sq, Dv]
+    q: torch.Tensor,  # [B, Hq, Sq, D]
+    k: torch.Tensor,  # [B, Hkv, Sk, D]
+    v: torch.Tensor,  # [B, Hkv, Sk, Dv]
+    out: torch.Tensor,  # [B, Hq, Sq, Dv]
+    lse: torch.Tensor,  # [B, Hq, Sq], natural log of sum_j exp(scale * q_i . k_j)
+    is_causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (dq, dk, dv) in the input dtype with the strides of q, k, v."""
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.size(1), k.size(2)
+    if dq.numel() + dk.numel() + dv.numel() == 0:
+        return dq, dk, dv
+    if seqlen_q == 0 or seqlen_k == 0:
+        # No query sees any key: every gradient is zero.
+        return dq.zero_(), dk.zero_(), dv.zero_()
+
+    group = heads_q // heads_kv
+    math_dtype = _math_dtype(q.dtype)
+    mask = causal_mask(seqlen_q, seqlen_k, q.device) if is_causal else None
+    # One batch element at a time bounds the [Hq, Sq, Sk] intermediates.
+    for b in range(batch):
+        qb = q[b].to(math_dtype)  # [Hq, Sq, D]
+        dob = grad_out[b].to(math_dtype)  # [Hq, Sq, Dv]
+        ob = out[b].to(math_dtype)
+        # Repeat each kv head over its group of q heads: [Hkv, Sk, D] -> [Hq, Sk, D].
+        kb = k[b].to(math_dtype).repeat_interleave(group, dim=0)
+        vb = v[b].to(math_dtype).repeat_interleave(group, dim=0)
+        lseb = lse[b].to(math_dtype).unsqueeze(-1)  # [Hq, Sq, 1]
+
+        scores = torch.matmul(qb, kb.transpose(-1, -2)) * scale  # [Hq, Sq, Sk]
+        probs = torch.exp(scores - lseb)
+        if mask is not None:
+            probs = probs.masked_fill(~mask, 0.0)
+        dvb = torch.matmul(probs.transpose(-1, -2), dob)  # [Hq, Sk, Dv]
+        dprobs = torch.matmul(dob, vb.transpose(-1, -2))  # [Hq, Sq, Sk]
+        delta = (dob * ob).sum(dim=-1, keepdim=True)  # [Hq, Sq, 1] = rowsum(dO * O)
+        dscores = probs * (dprobs - delta)
+        dqb = torch.matmul(dscores, kb) * scale  # [Hq, Sq, D]
+        dkb = torch.matmul(dscores.transpose(-1, -2), qb) * scale  # [Hq, Sk, D]
+        # GQA: sum dK / dV over the q heads of each group.
+        dkb = dkb.view(heads_kv, group, seqlen_k, -1).sum(dim=1)
+        dvb = dvb.view(heads_kv, group, seqlen_k, -1).sum(dim=1)
+        dq[b].copy_(dqb)
+        dk[b].copy_(dkb)
+        dv[b].copy_(dvb)
+    return dq, dk, dv
