@@ -1,0 +1,365 @@
+// Preprocess and postprocess kernels of the attention backward. See prepost.h for the contract.
+//
+// Both kernels map a group of G threads (G a power of two, 1..32, aligned inside a warp) to one
+// row of D elements and walk the rows with a grid-stride loop, so the grid stays small whatever
+// B * H * S is (the big product lives in the loop, never in gridDim.y/z). Rows are read and
+// written with 16-byte vectors when the pointers and every stride that matters allow it (checked
+// on the host for each launch); otherwise the scalar path handles any element alignment.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "bwd_params.h"
+#include "prepost.h"
+
+namespace sm90_sdpa {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- small conversion helpers -------------------------------------------------------------
+
+template <typename T>
+struct Vec2;
+template <>
+struct Vec2<__half> {
+  using type = __half2;
+};
+template <>
+struct Vec2<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+};
+
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float2 to_float2(__half2 x) { return __half22float2(x); }
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+template <typename T>
+__device__ __forceinline__ typename Vec2<T>::type from_float2(float a, float b);
+template <>
+__device__ __forceinline__ __half2 from_float2<__half>(float a, float b) {
+  return __floats2half2_rn(a, b);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat162 from_float2<__nv_bfloat16>(float a, float b) {
+  return __floats2bfloat162_rn(a, b);
+}
+
+// sum of the 8 products of two 16-byte vectors of 16-bit floats
+template <typename T>
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+  using V2 = typename Vec2<T>::type;
+  const V2* pa = reinterpret_cast<const V2*>(&a);
+  const V2* pb = reinterpret_cast<const V2*>(&b);
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 fa = to_float2(pa[i]);
+    float2 fb = to_float2(pb[i]);
+    acc = fmaf(fa.x, fb.x, acc);
+    acc = fmaf(fa.y, fb.y, acc);
+  }
+  return acc;
+}
+
+// ---- preprocess ---------------------------------------------------------------------------
+
+struct PreArgs {
+  const void* out;
+  int64_t out_sb, out_sh, out_sr;
+  const void* dout;
+  int64_t dout_sb, dout_sh, dout_sr;
+  const float* lse;
+  int64_t lse_sb, lse_sh, lse_sr;
+  float* dsum;
+  float* lse_log2;
+  float* dq_accum;
+  float* dk_accum;  // may be null (then rows_kv == 0)
+  float* dv_accum;
+  int heads_q, seqlen_q, seqlen_q_rounded, head_dim, head_dim_v;
+  int64_t rows_q;   // B * Hq * Sq_rounded
+  int64_t rows_kv;  // B * Hkv * Sk_rounded when the kv accumulators are zeroed, else 0
+  int group_log2;   // G = 1 << group_log2 threads per row
+};
+
+__device__ __forceinline__ void zero_row(float* p, int n, int lane, int group, bool vec) {
+  if (vec) {
+    float4* p4 = reinterpret_cast<float4*>(p);
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int c = lane; c < n / 4; c += group) p4[c] = z;
+  } else {
+    for (int c = lane; c < n; c += group) p[c] = 0.f;
+  }
+}
+
+template <typename T, bool kVecIn, bool kVecAcc>
+__global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreArgs a) {
+  const int group = 1 << a.group_log2;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int lane = int(tid & (group - 1));
+  const int64_t my_group = tid >> a.group_log2;
+  const int64_t num_groups = (int64_t(gridDim.x) * blockDim.x) >> a.group_log2;
+  // first group of this warp: the loop condition below is the same for the whole warp, so
+  // every lane reaches the shuffles of every iteration
+  const int64_t warp_first_group = (tid & ~int64_t(31)) >> a.group_log2;
+  const int64_t total = a.rows_q + a.rows_kv;
+
+  for (int64_t it = 0; warp_first_group + it * num_groups < total; ++it) {
+    const int64_t row = my_group + it * num_groups;
+    float partial = 0.f;
+    int64_t s = 0, bh = 0;
+    if (row < a.rows_q) {
+      s = row % a.seqlen_q_rounded;
+      bh = row / a.seqlen_q_rounded;
+      zero_row(a.dq_accum + row * a.head_dim, a.head_dim, lane, group, kVecAcc);
+      if (s < a.seqlen_q) {
+        const int64_t h = bh % a.heads_q, b = bh / a.heads_q;
+        const T* o = static_cast<const T*>(a.out) + b * a.out_sb + h * a.out_sh + s * a.out_sr;
+        const T* g =
+            static_cast<const T*>(a.dout) + b * a.dout_sb + h * a.dout_sh + s * a.dout_sr;
+        if (kVecIn) {
+          const uint4* o4 = reinterpret_cast<const uint4*>(o);
+          const uint4* g4 = reinterpret_cast<const uint4*>(g);
+          for (int c = lane; c < a.head_dim_v / 8; c += group) {
+            partial += dot8<T>(__ldg(o4 + c), __ldg(g4 + c));
+          }
+        } else {
+          for (int c = lane; c < a.head_dim_v; c += group) {
+            partial = fmaf(to_float(o[c]), to_float(g[c]), partial);
+          }
+        }
+      }
+    } else if (row < total) {
+      const int64_t r = row - a.rows_q;
+      zero_row(a.dk_accum + r * a.head_dim, a.head_dim, lane, group, kVecAcc);
+      zero_row(a.dv_accum + r * a.head_dim_v, a.head_dim_v, lane, group, kVecAcc);
+    }
+    // reduce inside the group (groups are aligned blocks of lanes, so xor stays inside)
+    for (int off = group >> 1; off > 0; off >>= 1) {
+      partial += __shfl_xor_sync(0xffffffffu, partial, off);
+    }
+    if (lane == 0 && row < a.rows_q) {
+      float d, l2;
+      if (s < a.seqlen_q) {
+        const int64_t h = bh % a.heads_q, b = bh / a.heads_q;
+        d = partial;
+        l2 = a.lse[b * a.lse_sb + h * a.lse_sh + s * a.lse_sr] * kLog2e;
+      } else {
+        d = 0.f;
+        l2 = INFINITY;
+      }
+      a.dsum[row] = d;
+      a.lse_log2[row] = l2;
+    }
+  }
+}
+
+// ---- postprocess --------------------------------------------------------------------------
+
+struct PostJob {
+  const float* acc;  // [B, H, S_rounded, D] contiguous
+  void* out;         // [B, H, S, D] with the strides below, last dim contiguous
+  int64_t sb, sh, sr;
+  int heads, seqlen, seqlen_rounded, dim;
+  float factor;
+  int vec;         // 16-byte path allowed
+  int group_log2;  // threads per row
+  int64_t rows;    // B * H * S
+};
+
+struct PostArgs {
+  PostJob job[3];
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) bwd_postprocess_kernel(const PostArgs a) {
+  const PostJob j = a.job[blockIdx.y];
+  const int group = 1 << j.group_log2;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int lane = int(tid & (group - 1));
+  const int64_t num_groups = (int64_t(gridDim.x) * blockDim.x) >> j.group_log2;
+  for (int64_t row = tid >> j.group_log2; row < j.rows; row += num_groups) {
+    const int64_t s = row % j.seqlen, bh = row / j.seqlen;
+    const int64_t h = bh % j.heads, b = bh / j.heads;
+    const float* src = j.acc + (bh * j.seqlen_rounded + s) * j.dim;
+    T* dst = static_cast<T*>(j.out) + b * j.sb + h * j.sh + s * j.sr;
+    if (j.vec) {
+      const float4* src4 = reinterpret_cast<const float4*>(src);
+      uint4* dst4 = reinterpret_cast<uint4*>(dst);
+      for (int c = lane; c < j.dim / 8; c += group) {
+        const float4 x0 = __ldcs(src4 + 2 * c);  // read once: streaming
+        const float4 x1 = __ldcs(src4 + 2 * c + 1);
+        uint4 y;
+        using V2 = typename Vec2<T>::type;
+        V2* py = reinterpret_cast<V2*>(&y);
+        py[0] = from_float2<T>(x0.x * j.factor, x0.y * j.factor);
+        py[1] = from_float2<T>(x0.z * j.factor, x0.w * j.factor);
+        py[2] = from_float2<T>(x1.x * j.factor, x1.y * j.factor);
+        py[3] = from_float2<T>(x1.z * j.factor, x1.w * j.factor);
+        dst4[c] = y;
+      }
+    } else {
+      for (int c = lane; c < j.dim; c += group) dst[c] = from_float<T>(src[c] * j.factor);
+    }
+  }
+}
+
+// ---- host helpers -------------------------------------------------------------------------
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// true when every stride of a dim with more than one element moves by a multiple of 16 bytes
+inline bool strides_aligned16(int64_t elem_bytes, int64_t sb, int nb, int64_t sh, int nh,
+                              int64_t sr, int nr) {
+  auto ok = [&](int64_t stride, int n) { return n <= 1 || (stride * elem_bytes) % 16 == 0; };
+  return ok(sb, nb) && ok(sh, nh) && ok(sr, nr);
+}
+
+inline int ceil_log2(int x) {
+  int l = 0;
+  while ((1 << l) < x) ++l;
+  return l;
+}
+
+// threads per row: enough for one pass over `units` items, at most a warp
+inline int group_log2_for(int units) {
+  int l = ceil_log2(units < 1 ? 1 : units);
+  return l > 5 ? 5 : l;
+}
+
+inline unsigned grid_for(int64_t rows, int group_log2, int num_sms) {
+  const int64_t groups_per_block = kThreads >> group_log2;
+  int64_t blocks = (rows + groups_per_block - 1) / groups_per_block;
+  const int64_t cap = (num_sms > 0 ? int64_t(num_sms) : 132) * 8;  // ~2048 threads per SM
+  if (blocks > cap) blocks = cap;
+  if (blocks < 1) blocks = 1;
+  return unsigned(blocks);
+}
+
+template <typename T, bool kVecIn, bool kVecAcc>
+void launch_pre(const PreArgs& a, unsigned grid, cudaStream_t stream) {
+  bwd_preprocess_kernel<T, kVecIn, kVecAcc><<<grid, kThreads, 0, stream>>>(a);
+}
+
+template <typename T>
+void dispatch_pre(const PreArgs& a, bool vec_in, bool vec_acc, unsigned grid,
+                  cudaStream_t stream) {
+  if (vec_in) {
+    if (vec_acc) launch_pre<T, true, true>(a, grid, stream);
+    else launch_pre<T, true, false>(a, grid, stream);
+  } else {
+    if (vec_acc) launch_pre<T, false, true>(a, grid, stream);
+    else launch_pre<T, false, false>(a, grid, stream);
+  }
+}
+
+}  // namespace
+
+void run_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
+  const int64_t bh_q = int64_t(p.batch) * p.heads_q;
+  PreArgs a{};
+  a.out = p.out;
+  a.out_sb = p.out_batch_stride;
+  a.out_sh = p.out_head_stride;
+  a.out_sr = p.out_row_stride;
+  a.dout = p.dout;
+  a.dout_sb = p.dout_batch_stride;
+  a.dout_sh = p.dout_head_stride;
+  a.dout_sr = p.dout_row_stride;
+  a.lse = p.lse;
+  a.lse_sb = p.lse_batch_stride;
+  a.lse_sh = p.lse_head_stride;
+  a.lse_sr = p.lse_row_stride;
+  a.dsum = p.dsum;
+  a.lse_log2 = p.lse_log2;
+  a.dq_accum = p.dq_accum;
+  a.dk_accum = p.dk_accum;
+  a.dv_accum = p.dv_accum;
+  a.heads_q = p.heads_q;
+  a.seqlen_q = p.seqlen_q;
+  a.seqlen_q_rounded = p.seqlen_q_rounded;
+  a.head_dim = p.head_dim;
+  a.head_dim_v = p.head_dim_v;
+  a.rows_q = bh_q * p.seqlen_q_rounded;
+  a.rows_kv = (p.dk_accum != nullptr && p.dv_accum != nullptr)
+                  ? int64_t(p.batch) * p.heads_kv * p.seqlen_k_rounded
+                  : 0;
+  if (a.rows_q + a.rows_kv <= 0) return;
+
+  const bool vec_in = p.head_dim_v % 8 == 0 && aligned16(p.out) && aligned16(p.dout) &&
+                      strides_aligned16(2, p.out_batch_stride, p.batch, p.out_head_stride,
+                                        p.heads_q, p.out_row_stride, p.seqlen_q) &&
+                      strides_aligned16(2, p.dout_batch_stride, p.batch, p.dout_head_stride,
+                                        p.heads_q, p.dout_row_stride, p.seqlen_q);
+  bool vec_acc = p.head_dim % 4 == 0 && aligned16(p.dq_accum);
+  if (a.rows_kv > 0) {
+    vec_acc = vec_acc && p.head_dim_v % 4 == 0 && aligned16(p.dk_accum) && aligned16(p.dv_accum);
+  }
+  a.group_log2 = group_log2_for(vec_in ? p.head_dim_v / 8 : p.head_dim_v);
+  const unsigned grid = grid_for(a.rows_q + a.rows_kv, a.group_log2, p.num_sms);
+  if (p.dtype == DType::kFloat16) {
+    dispatch_pre<__half>(a, vec_in, vec_acc, grid, stream);
+  } else {
+    dispatch_pre<__nv_bfloat16>(a, vec_in, vec_acc, grid, stream);
+  }
+}
+
+void run_bwd_postprocess(const BwdParams& p, cudaStream_t stream) {
+  PostArgs a{};
+  int num_jobs = 0;
+  auto add_job = [&](const float* acc, void* out, int64_t sb, int64_t sh, int64_t sr, int heads,
+                     int seqlen, int seqlen_rounded, int dim, float factor) {
+    PostJob& j = a.job[num_jobs];
+    j.acc = acc;
+    j.out = out;
+    j.sb = sb;
+    j.sh = sh;
+    j.sr = sr;
+    j.heads = heads;
+    j.seqlen = seqlen;
+    j.seqlen_rounded = seqlen_rounded;
+    j.dim = dim;
+    j.factor = factor;
+    j.rows = int64_t(p.batch) * heads * seqlen;
+    j.vec = dim % 8 == 0 && aligned16(acc) && aligned16(out) &&
+            strides_aligned16(2, sb, p.batch, sh, heads, sr, seqlen);
+    j.group_log2 = group_log2_for(j.vec ? dim / 8 : dim);
+    if (j.rows > 0 && dim > 0) ++num_jobs;
+  };
+  add_job(p.dq_accum, p.dq, p.dq_batch_stride, p.dq_head_stride, p.dq_row_stride, p.heads_q,
+          p.seqlen_q, p.seqlen_q_rounded, p.head_dim, p.scale);
+  if (p.dk_accum != nullptr) {
+    add_job(p.dk_accum, p.dk, p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride, p.heads_kv,
+            p.seqlen_k, p.seqlen_k_rounded, p.head_dim, p.scale);
+    add_job(p.dv_accum, p.dv, p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride, p.heads_kv,
+            p.seqlen_k, p.seqlen_k_rounded, p.head_dim_v, 1.0f);
+  }
+  if (num_jobs == 0) return;
+  unsigned grid = 1;
+  for (int i = 0; i < num_jobs; ++i) {
+    const unsigned g = grid_for(a.job[i].rows, a.job[i].group_log2, p.num_sms);
+    if (g > grid) grid = g;
+  }
+  const dim3 grid_dim(grid, unsigned(num_jobs), 1);
+  if (p.dtype == DType::kFloat16) {
+    bwd_postprocess_kernel<__half><<<grid_dim, kThreads, 0, stream>>>(a);
+  } else {
+    bwd_postprocess_kernel<__nv_bfloat16><<<grid_dim, kThreads, 0, stream>>>(a);
+  }
+}
+
+}  // namespace sm90_sdpa
