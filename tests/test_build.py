@@ -1,0 +1,281 @@
+"""The build: build_info(), the instantiation generator, and the torch-free _C bindings
+(everything here runs on CPU; the kernels themselves are tested in test_cuda_prepost.py)."""
+import importlib.util
+import math
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from torch_sm90_sdpa import _extension
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_generator():
+    path = os.path.join(ROOT, "csrc", "generate_instantiations.py")
+    spec = importlib.util.spec_from_file_location("tsdpa_gen_for_tests", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gen = _load_generator()
+C = _extension.load()
+needs_C = pytest.mark.skipif(C is None, reason=f"_C not loaded: {_extension.unavailable_reason()}")
+
+INFO_KEYS = {"cuda_extension", "reason", "main_kernel_compiled", "variants", "arch",
+             "nvcc_version", "cutlass_version", "build_flags"}
+
+
+# ---- build_info ----------------------------------------------------------------------------
+
+def test_build_info_keys_and_types():
+    info = _extension.build_info()
+    assert isinstance(info, dict)
+    assert INFO_KEYS <= set(info)
+    assert isinstance(info["cuda_extension"], bool)
+    assert isinstance(info["main_kernel_compiled"], bool)
+    assert isinstance(info["variants"], list)
+    if info["cuda_extension"]:
+        assert info["reason"] is None
+        assert info["arch"] == "sm_90a"
+        assert "sm_90a" in info["build_flags"]
+        assert info["cutlass_version"].startswith("4.")
+        assert info["nvcc_version"] != "unknown"
+        assert info["main_kernel_compiled"] == bool(info["variants"])
+        for dt, d in info["variants"]:
+            assert dt in ("fp16", "bf16") and isinstance(d, int)
+    else:
+        assert isinstance(info["reason"], str) and info["reason"]
+        assert info["variants"] == [] and info["main_kernel_compiled"] is False
+    # the package's public build_info is this one
+    import torch_sm90_sdpa
+    assert torch_sm90_sdpa.build_info().keys() == info.keys()
+
+
+def test_load_is_stable():
+    assert _extension.load() is _extension.load()
+
+
+def test_has_variant_without_kernel_is_false():
+    assert _extension.has_variant(80, torch.bfloat16) is False
+    assert _extension.has_variant(128, torch.float32) is False
+
+
+@needs_C
+def test_has_variant_agrees_with_build_info():
+    info = _extension.build_info()
+    compiled = {(d, dt) for dt, d in info["variants"]}
+    for dt_name, dt, code in (("fp16", torch.float16, 0), ("bf16", torch.bfloat16, 1)):
+        for d in (32, 64, 80, 96, 128, 160, 192, 256):
+            want = (d, dt_name) in compiled
+            assert _extension.has_variant(d, dt) is want, (d, dt_name)
+            assert C.has_variant(d, code) is want, (d, dt_name)
+    assert [tuple(v) for v in C.compiled_variants()] == info["variants"]
+
+
+@needs_C
+def test_build_config_matches_module():
+    from torch_sm90_sdpa import _build_config as cfg
+    info = _extension.build_info()
+    if cfg.CUDA_EXTENSION:  # the config of the build that produced this _C
+        assert [tuple(v) for v in cfg.VARIANTS] == info["variants"]
+        assert cfg.MAIN_KERNEL == info["main_kernel_compiled"]
+
+
+# ---- the generator ---------------------------------------------------------------------------
+
+def test_parse_env_values():
+    assert gen.parse_head_dims(None) == (64, 96, 128, 192, 256)
+    assert gen.parse_dtypes(None) == ("fp16", "bf16")
+    assert gen.parse_head_dims(" 128, 64,128") == (64, 128)
+    assert gen.parse_head_dims("none") == () and gen.parse_head_dims("") == ()
+    assert gen.parse_dtypes("bfloat16") == ("bf16",)
+    assert gen.parse_dtypes("bf16,fp16") == ("fp16", "bf16")
+    for bad in ("abc", "0", "65", "512"):
+        with pytest.raises(ValueError):
+            gen.parse_head_dims(bad)
+    with pytest.raises(ValueError):
+        gen.parse_dtypes("fp32")
+
+
+def test_generator_writes_one_file_per_variant(tmp_path):
+    paths = gen.generate(str(tmp_path), head_dims=(128, 64), dtypes=("bf16",), main_kernel=True)
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == ["bwd_main_bf16_hdim128.cu", "bwd_main_bf16_hdim64.cu"]
+    assert sorted(os.listdir(tmp_path)) == names + ["compiled_variants.h"]
+    src = (tmp_path / "bwd_main_bf16_hdim64.cu").read_text()
+    assert '#include "bwd_main_launch_template.h"' in src
+    assert "template void run_bwd_main<DType::kBFloat16, 64>(const BwdParams&, cudaStream_t);" in src
+    hdr = (tmp_path / "compiled_variants.h").read_text()
+    assert "#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED 1" in hdr
+    assert 'X(kBFloat16, "bf16", 1, 64)' in hdr and 'X(kBFloat16, "bf16", 1, 128)' in hdr
+    assert "kFloat16" not in hdr.replace("kBFloat16", "")
+
+    # all defaults: 10 files, fp16 first
+    paths = gen.generate(str(tmp_path))
+    assert [os.path.basename(p) for p in paths] == [
+        f"bwd_main_{dt}_hdim{d}.cu" for dt in ("fp16", "bf16") for d in (64, 96, 128, 192, 256)]
+
+    # a narrower selection removes the files of the variants no longer built
+    gen.generate(str(tmp_path), head_dims=(96,), dtypes=("fp16",))
+    assert sorted(os.listdir(tmp_path)) == ["bwd_main_fp16_hdim96.cu", "compiled_variants.h"]
+
+
+def test_generator_without_main_kernel(tmp_path):
+    paths = gen.generate(str(tmp_path), head_dims=(64,), dtypes=("fp16",), main_kernel=False)
+    assert paths == []
+    assert os.listdir(tmp_path) == ["compiled_variants.h"]
+    hdr = (tmp_path / "compiled_variants.h").read_text()
+    assert "#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED 0" in hdr
+    assert "#define TORCH_SM90_SDPA_NUM_VARIANTS 0" in hdr
+
+
+def test_generator_leaves_unchanged_files_alone(tmp_path):
+    (p,) = gen.generate(str(tmp_path), head_dims=(64,), dtypes=("bf16",))
+    os.utime(p, (1000, 1000))
+    gen.generate(str(tmp_path), head_dims=(64,), dtypes=("bf16",))
+    assert os.path.getmtime(p) == 1000  # not rewritten: incremental builds stay incremental
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
+def test_variants_header_expands_to_valid_dispatch(tmp_path):
+    gen.generate(str(tmp_path), head_dims=(64, 256), dtypes=("fp16", "bf16"))
+    prog = tmp_path / "check.cpp"
+    prog.write_text(
+        '#include "compiled_variants.h"\n'
+        "enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };\n"
+        "template <DType T, int D> int run() { return int(T) * 1000 + D; }\n"
+        "int dispatch(int dt, int d) {\n"
+        "#define CASE(E, N, C, D) if (dt == C && d == D) return run<DType::E, D>();\n"
+        "  TORCH_SM90_SDPA_FOR_EACH_VARIANT(CASE)\n  return -1;\n}\n"
+        "int main() { return (dispatch(1, 256) == 1256 && dispatch(0, 64) == 64 &&\n"
+        "                     dispatch(0, 128) == -1 && TORCH_SM90_SDPA_NUM_VARIANTS == 4) ? 0 : 1; }\n")
+    exe = tmp_path / "check"
+    subprocess.run(["g++", "-std=c++17", f"-I{tmp_path}", str(prog), "-o", str(exe)], check=True)
+    assert subprocess.run([str(exe)]).returncode == 0
+
+
+# ---- the torch-free bindings (no GPU needed) ------------------------------------------------
+
+@needs_C
+def test_bwd_params_properties_round_trip():
+    p = C.BwdParams()
+    ints = ["batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "head_dim_v",
+            "seqlen_q_rounded", "seqlen_k_rounded", "num_sms"]
+    for i, name in enumerate(ints):
+        setattr(p, name, 3 + i)
+        assert getattr(p, name) == 3 + i
+    tensors = ["q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv"]
+    for i, name in enumerate(tensors):
+        ptr = (1 << 40) + 256 * i
+        setattr(p, name, ptr)
+        assert getattr(p, name) == ptr
+        for j, kind in enumerate(("batch", "head", "row")):
+            field = f"{name}_{kind}_stride"
+            setattr(p, field, (1 << 33) + 7 * j + i)
+            assert getattr(p, field) == (1 << 33) + 7 * j + i
+    for i, name in enumerate(["dsum", "lse_log2", "dq_accum", "dk_accum", "dv_accum"]):
+        setattr(p, name, 4096 * (i + 1))
+        assert getattr(p, name) == 4096 * (i + 1)
+    p.dtype = 0
+    assert p.dtype == 0
+    p.dtype = 1
+    assert p.dtype == 1
+    with pytest.raises(ValueError):
+        p.dtype = 2
+    p.scale = 0.125
+    assert p.scale == 0.125
+    p.is_causal = True
+    p.deterministic = True
+    assert p.is_causal is True and p.deterministic is True
+    q = p.copy()
+    q.batch = 99
+    assert p.batch == 3 and q.dk_accum == p.dk_accum
+    assert "BwdParams(" in repr(p)
+    assert C.SEQ_ROUND == 128 and C.FP16 == 0 and C.BF16 == 1
+
+
+@needs_C
+def test_bwd_params_assign_matches_properties():
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    q = torch.randn(2, 40, 8, 64, dtype=torch.bfloat16).transpose(1, 2)  # BSHD view
+    k = torch.randn(2, 2, 33, 64, dtype=torch.bfloat16)
+    v = torch.randn(2, 2, 33, 64, dtype=torch.bfloat16)
+    out, dout = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(2, 8, 40, 1)[..., 0]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    p, ws = cb.make_params(dout, q, k, v, out, lse, True, 0.3, False, dq=dq, dk=dk, dv=dv)
+    assert (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k) == (2, 8, 2, 40, 33)
+    assert (p.head_dim, p.head_dim_v, p.seqlen_q_rounded, p.seqlen_k_rounded) == (64, 64, 128, 128)
+    assert p.dtype == 1 and p.is_causal and not p.deterministic
+    assert math.isclose(p.scale, 0.3, rel_tol=1e-7)
+    assert math.isclose(p.scale_log2, 0.3 * math.log2(math.e), rel_tol=1e-7)
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse),
+                    ("dq", dq), ("dk", dk), ("dv", dv)):
+        assert getattr(p, name) == t.data_ptr(), name
+        assert (getattr(p, f"{name}_batch_stride"), getattr(p, f"{name}_head_stride"),
+                getattr(p, f"{name}_row_stride")) == t.stride()[:3], name
+    assert p.dq_accum == ws.dq_accum.data_ptr() and p.dsum == ws.dsum.data_ptr()
+    assert p.dk_accum == ws.dk_accum.data_ptr() and p.dv_accum == ws.dv_accum.data_ptr()
+    assert p.lse_log2 == ws.lse_log2.data_ptr()
+    assert ws.dq_accum.shape == (2, 8, 128, 64) and ws.dk_accum.shape == (2, 2, 128, 64)
+    for t in (ws.dq_accum, ws.dk_accum, ws.dv_accum, ws.dsum, ws.lse_log2):
+        assert t.data_ptr() % 16 == 0 and t.is_contiguous()
+    with pytest.raises(TypeError):
+        p.assign(1, 2, 3)
+
+
+def _valid_params():
+    p = C.BwdParams()
+    p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k = 1, 2, 1, 5, 6
+    p.head_dim = p.head_dim_v = 64
+    p.seqlen_q_rounded = p.seqlen_k_rounded = 128
+    for name in ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv", "dsum", "lse_log2",
+                 "dq_accum", "dk_accum", "dv_accum"):
+        setattr(p, name, 1 << 20)
+    return p
+
+
+@needs_C
+@pytest.mark.parametrize("fn", ["preprocess", "postprocess", "backward"])
+@pytest.mark.parametrize("field,value,pattern", [
+    ("batch", 0, "batch = 0 must be positive"),
+    ("seqlen_q", -1, "seqlen_q = -1 must be positive"),
+    ("heads_kv", 3, "multiple of heads_kv"),
+    ("seqlen_q_rounded", 5, "rounded up to a multiple of 128"),
+    ("dq_accum", 0, "dq_accum is null"),
+])
+def test_bad_params_raise_value_error_before_touching_the_gpu(fn, field, value, pattern):
+    p = _valid_params()
+    setattr(p, field, value)
+    with pytest.raises(ValueError, match=pattern):
+        getattr(C, fn)(p, 0)
+
+
+@needs_C
+def test_backward_param_errors():
+    p = _valid_params()
+    p.head_dim_v = 32
+    with pytest.raises(ValueError, match="head_dim_v == head_dim"):
+        C.backward(p, 0)
+    p = _valid_params()
+    p.dk_accum = p.dv_accum = 0
+    with pytest.raises(ValueError, match="GQA"):
+        C.backward(p, 0)
+    p = _valid_params()
+    p.heads_q = 1
+    with pytest.raises(ValueError, match="must be null when heads_q == heads_kv"):
+        C.backward(p, 0)
+    p = _valid_params()
+    p.dv_accum = 0
+    with pytest.raises(ValueError, match="both set or both null"):
+        C.preprocess(p, 0)
+    p = _valid_params()
+    p.head_dim = p.head_dim_v = 72  # never compiled
+    with pytest.raises(RuntimeError, match=r"head_dim=72"):
+        C.backward(p, 0)
