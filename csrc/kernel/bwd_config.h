@@ -1,0 +1,60 @@
+// Tile configurations of the main SM90 attention-backward kernel, one per head dim.
+//
+// Two families:
+//  * "swapped S" (head dims <= 128): each MMA warpgroup owns kBlockN / kNumMmaWG rows of K/V.
+//    It computes S^T = K Q^T and dP^T = V dO^T, so P^T and dS^T sit in its registers in the
+//    layout of a wgmma A operand: dV += P^T dO and dK += dS^T Q run register-sourced (RS),
+//    and only dS goes through shared memory (for dQ = dS K).
+//  * "swapped dK/dV" (head dims 192 / 256): the dK/dV accumulators are too large for one
+//    warpgroup's rows, so the warpgroups compute dV^T = dO^T P and dK^T = Q^T dS (M = head dim)
+//    with P and dS from shared memory; S and dP are split between warpgroups along kBlockN.
+// The dQ tile (kBlockM x D) is always dS K, split between warpgroups, and computed in
+// kdQSlices column slices (register pressure at D = 256).
+#pragma once
+
+namespace sm90_sdpa {
+namespace kernel {
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNumMmaWG_, int kStagesQ_, int kStagesdO_,
+          int kStagesdS_, bool kSdPSwapAB_, bool kdKVSwapAB_, int kAtomLayoutMSdP_,
+          int kAtomLayoutNdKV_, int kAtomLayoutMdQ_, int kdQSlices_>
+struct BwdTileConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;        // query rows per m-block
+  static constexpr int kBlockN = kBlockN_;        // key rows per CTA
+  static constexpr int kNumMmaWG = kNumMmaWG_;    // consumer (MMA) warpgroups
+  static constexpr int kStagesQ = kStagesQ_;      // Q (+ lse) pipeline depth
+  static constexpr int kStagesdO = kStagesdO_;    // dO (+ dsum) pipeline depth
+  static constexpr int kStagesdS = kStagesdS_;    // P / dS smem buffers (1 or kStagesQ)
+  static constexpr bool kSdPSwapAB = kSdPSwapAB_;
+  static constexpr bool kdKVSwapAB = kdKVSwapAB_;
+  static constexpr int kAtomLayoutMSdP = kAtomLayoutMSdP_;
+  static constexpr int kAtomLayoutNdKV = kAtomLayoutNdKV_;
+  static constexpr int kAtomLayoutMdQ = kAtomLayoutMdQ_;
+  static constexpr int kdQSlices = kdQSlices_;
+
+  static_assert(kStagesdS == 1 || kStagesdS == kStagesQ);
+  static_assert(kStagesQ >= kStagesdO);
+  static_assert(kBlockM % 64 == 0 && 128 % kBlockM == 0,
+                "kBlockM must divide kSeqRound (lse / dsum rows are read in whole blocks)");
+  static_assert(kHeadDim % (16 * kdQSlices) == 0);
+};
+
+// Default tile per head dim (bf16 and fp16 share it).
+template <int kHeadDim>
+struct DefaultBwdConfig;
+
+//                                        D    M    N  WG Q dO dS swapS swapKV MSdP NdKV MdQ slices
+template <> struct DefaultBwdConfig<64>
+    : BwdTileConfig<64, 128, 128, 2, 2, 2, 2, true, false, 1, 2, 2, 1> {};
+template <> struct DefaultBwdConfig<96>
+    : BwdTileConfig<96, 64, 128, 2, 2, 2, 2, true, false, 1, 2, 1, 1> {};
+template <> struct DefaultBwdConfig<128>
+    : BwdTileConfig<128, 64, 128, 2, 2, 2, 2, true, false, 1, 2, 1, 1> {};
+template <> struct DefaultBwdConfig<192>
+    : BwdTileConfig<192, 64, 64, 2, 2, 2, 1, false, true, 1, 2, 1, 1> {};
+template <> struct DefaultBwdConfig<256>
+    : BwdTileConfig<256, 64, 64, 2, 2, 1, 1, false, true, 1, 2, 1, 2> {};
+
+}  // namespace kernel
+}  // namespace sm90_sdpa

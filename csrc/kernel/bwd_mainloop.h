@@ -1,0 +1,592 @@
+// Collective mainloop of the SM90 attention backward: one CTA owns a block of kBlockN keys
+// (K_j, V_j in shared memory, dK_j / dV_j accumulated in registers) and streams the query
+// blocks i (Q_i, dO_i, lse_i, dsum_i) through TMA + mbarrier pipelines.
+//
+//   producer warp  : load()     K_j, V_j once; Q_i (+lse_i) and dO_i (+dsum_i) per m-block
+//   dQ-writer warp : store_dq() TMA reduce-add of each finished dQ_i tile into dq_accum
+//   MMA warpgroups : mma()      S = Q K^T, dP = dO V^T, P, dS, dV += P^T dO, dK += dS^T Q,
+//                               dQ_i = dS K  (all five on wgmma)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+
+#include "../bwd_params.h"
+#include "bwd_config.h"
+#include "utils.h"
+
+namespace sm90_sdpa {
+namespace kernel {
+
+using namespace cute;
+
+// Smem operand fragment (GMMA descriptors) for the A (kIsA) or B operand of a tiled MMA.
+template <bool kIsA, class ThrMma, class SmemTensor>
+CUTE_DEVICE auto mma_smem_fragment(ThrMma const& thr_mma, SmemTensor const& t) {
+  if constexpr (kIsA) {
+    return thr_mma.partition_fragment_A(t);
+  } else {
+    return thr_mma.partition_fragment_B(t);
+  }
+}
+
+template <class Cfg, class Element_>
+struct BwdMainloop {
+  using Element = Element_;
+  using ElementAccum = float;
+
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kNumMmaWG = Cfg::kNumMmaWG;
+  static constexpr int kNumMmaThreads = kNumMmaWG * cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kStagesQ = Cfg::kStagesQ;
+  static constexpr int kStagesdO = Cfg::kStagesdO;
+  static constexpr int kStagesdS = Cfg::kStagesdS;
+  static constexpr bool kSdPSwapAB = Cfg::kSdPSwapAB;
+  static constexpr bool kdKVSwapAB = Cfg::kdKVSwapAB;
+  static constexpr int kAtomLayoutMSdP = Cfg::kAtomLayoutMSdP;
+  static constexpr int kAtomLayoutNdKV = Cfg::kAtomLayoutNdKV;
+  static constexpr int kAtomLayoutMdQ = Cfg::kAtomLayoutMdQ;
+  static constexpr int kdQSlices = Cfg::kdQSlices;
+  static constexpr int kdQCols = kHeadDim / kdQSlices;
+
+  // dV / dK from registers: P^T and dS^T are held row-per-key by each warpgroup.
+  static constexpr bool kMmadKVIsRS =
+      kSdPSwapAB && !kdKVSwapAB && kAtomLayoutMSdP == 1 && kAtomLayoutNdKV == kNumMmaWG;
+  static_assert(kSdPSwapAB || !kMmadKVIsRS);
+  static_assert(kNumMmaWG % kAtomLayoutMSdP == 0 && kNumMmaWG % kAtomLayoutNdKV == 0 &&
+                kNumMmaWG % kAtomLayoutMdQ == 0);
+
+  // Shapes of the accumulator tiles.
+  using ShapeS = std::conditional_t<!kSdPSwapAB, Shape<Int<kBlockM>, Int<kBlockN>>,
+                                    Shape<Int<kBlockN>, Int<kBlockM>>>;
+  using ShapedKV = std::conditional_t<!kdKVSwapAB, Shape<Int<kBlockN>, Int<kHeadDim>>,
+                                      Shape<Int<kHeadDim>, Int<kBlockN>>>;
+  using ShapedQ = Shape<Int<kBlockM>, Int<kdQCols>>;
+
+  // ---------------- tiled MMAs ----------------
+  using AtomShapeSdP = std::conditional_t<
+      !kSdPSwapAB, Shape<Int<kBlockM>, Int<kBlockN / (kNumMmaWG / kAtomLayoutMSdP)>, Int<kHeadDim>>,
+      Shape<Int<kBlockN>, Int<kBlockM / kAtomLayoutMSdP>, Int<kHeadDim>>>;
+  using AtomLayoutSdP =
+      std::conditional_t<!kSdPSwapAB, Layout<Shape<Int<kAtomLayoutMSdP>, Int<kNumMmaWG / kAtomLayoutMSdP>, _1>>,
+                         Layout<Shape<Int<kNumMmaWG / kAtomLayoutMSdP>, Int<kAtomLayoutMSdP>, _1>>>;
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, AtomShapeSdP>(), AtomLayoutSdP{}));
+
+  using AtomShapedKV = std::conditional_t<
+      !kdKVSwapAB, Shape<Int<kBlockN>, Int<kHeadDim / (kNumMmaWG / kAtomLayoutNdKV)>, Int<kBlockM>>,
+      Shape<Int<kHeadDim>, Int<kBlockN / kAtomLayoutNdKV>, Int<kBlockM>>>;
+  using AtomLayoutdKV =
+      std::conditional_t<!kdKVSwapAB, Layout<Shape<Int<kAtomLayoutNdKV>, Int<kNumMmaWG / kAtomLayoutNdKV>, _1>>,
+                         Layout<Shape<Int<kNumMmaWG / kAtomLayoutNdKV>, Int<kAtomLayoutNdKV>, _1>>>;
+  // P^T / dS^T (k, q) views are k-contiguous (MN-major); dO^T / Q^T (d, q) views are d-contiguous.
+  using TiledMmadKV = decltype(make_tiled_mma(
+      std::conditional_t<
+          kMmadKVIsRS,
+          decltype(GMMA::rs_op_selector<Element, Element, ElementAccum, AtomShapedKV, GMMA::Major::K,
+                                        GMMA::Major::MN>()),
+          decltype(GMMA::ss_op_selector<Element, Element, ElementAccum, AtomShapedKV, GMMA::Major::MN,
+                                        GMMA::Major::MN>())>{},
+      AtomLayoutdKV{}));
+
+  using AtomShapedQ = Shape<Int<kBlockM>, Int<kdQCols / (kNumMmaWG / kAtomLayoutMdQ)>, Int<kBlockN>>;
+  using AtomLayoutdQ = Layout<Shape<Int<kAtomLayoutMdQ>, Int<kNumMmaWG / kAtomLayoutMdQ>, _1>>;
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, AtomShapedQ, GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayoutdQ{}));
+
+  // ---------------- shared memory layouts ----------------
+  // Q / dO: K-major for S / dP; their transposed views feed dK / dV (MN-major), whose per-warpgroup
+  // extent along the head dim decides the swizzle width.
+  using SmemAtomQdO = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                               GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim / (kNumMmaWG / kAtomLayoutNdKV)>>());
+  using SmemLayoutQ = decltype(tile_to_shape(
+      SmemAtomQdO{}, make_shape(Int<kBlockM>{}, Int<kHeadDim>{}, Int<kStagesQ>{})));
+  using SmemLayoutdO = decltype(tile_to_shape(
+      SmemAtomQdO{}, make_shape(Int<kBlockM>{}, Int<kHeadDim>{}, Int<kStagesdO>{})));
+  // K: K-major for S; its transposed view is the B operand of dQ, sliced per warpgroup along d.
+  using SmemAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                             GMMA::Major::K, Element, Int<kBlockN>, Int<kdQCols / (kNumMmaWG / kAtomLayoutMdQ)>>());
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, make_shape(Int<kBlockN>{}, Int<kHeadDim>{})));
+  using SmemAtomV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                             GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
+  using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, make_shape(Int<kBlockN>{}, Int<kHeadDim>{})));
+  // P / dS: (q, k), k contiguous (K-major as the A operand of dQ = dS K).
+  using SmemAtomPdS = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                               GMMA::Major::K, Element, Int<kBlockM / kAtomLayoutMSdP>,
+                               Int<kBlockN / (kNumMmaWG / kAtomLayoutMSdP)>>());
+  using SmemLayoutPdS = decltype(tile_to_shape(
+      SmemAtomPdS{}, make_shape(Int<kBlockM>{}, Int<kBlockN>{}, Int<kStagesdS>{})));
+
+  // Transposed views (same memory).
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_layout(make_shape(Int<kHeadDim>{}, Int<kBlockM>{}, Int<kStagesQ>{}),
+                                 make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHeadDim>{}))));
+  using SmemLayoutdOt = decltype(composition(
+      SmemLayoutdO{}, make_layout(make_shape(Int<kHeadDim>{}, Int<kBlockM>{}, Int<kStagesdO>{}),
+                                  make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHeadDim>{}))));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_layout(make_shape(Int<kHeadDim>{}, Int<kBlockN>{}),
+                                 make_stride(Int<kBlockN>{}, _1{}))));
+  using SmemLayoutPdSt = decltype(composition(
+      SmemLayoutPdS{}, make_layout(make_shape(Int<kBlockN>{}, Int<kBlockM>{}, Int<kStagesdS>{}),
+                                   make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kBlockN>{}))));
+
+  // lse_log2 / dsum rows per stage, and their broadcast views over the S tile.
+  using SmemLayoutLSE = Layout<Shape<Int<kBlockM>, Int<kStagesQ>>>;
+  using SmemLayoutdPsum = Layout<Shape<Int<kBlockM>, Int<kStagesdO>>>;
+  template <int kStages>
+  using SmemLayoutRowStatMma = std::conditional_t<
+      !kSdPSwapAB,
+      Layout<Shape<Int<kBlockM>, Int<kBlockN>, Int<kStages>>, Stride<_1, _0, Int<kBlockM>>>,
+      Layout<Shape<Int<kBlockN>, Int<kBlockM>, Int<kStages>>, Stride<_0, _1, Int<kBlockM>>>>;
+
+  // dQ slice staging tile (fp32, swizzled for conflict-light stores, TMA reduce-add source).
+  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<ElementAccum>{},
+                                              make_shape(Int<kBlockM>{}, Int<kdQCols>{})));
+
+  // P / dS register -> smem copies (stmatrix). Registers hold S (rows q) or S^T (rows k).
+  static constexpr int kNumPdSStore = kBlockM * kBlockN / kNumMmaThreads;
+  using SmemCopyAtomPdS = Copy_Atom<
+      std::conditional_t<!kSdPSwapAB,
+                         std::conditional_t<kNumPdSStore % 8 == 0, SM90_U32x4_STSM_N, SM90_U32x2_STSM_N>,
+                         std::conditional_t<kNumPdSStore % 8 == 0, SM90_U16x8_STSM_T, SM90_U16x4_STSM_T>>,
+      Element>;
+
+  // ---------------- pipelines ----------------
+  using PipelineQ = cutlass::PipelineTmaAsync<kStagesQ>;
+  using PipelinedO = cutlass::PipelineTmaAsync<kStagesdO>;
+  using PipelineStateQ = typename PipelineQ::PipelineState;
+  using PipelineStatedO = typename PipelinedO::PipelineState;
+
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesRowStat = kBlockM * sizeof(ElementAccum);
+
+  // ---------------- shared storage ----------------
+  using SmemP_t = std::conditional_t<kMmadKVIsRS, cute::array<Element, 0>,
+                                     cute::array_aligned<Element, cute::cosize_v<SmemLayoutPdS>, 1024>>;
+  struct TensorStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> smem_v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>, 1024> smem_do;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutPdS>, 1024> smem_ds;
+    SmemP_t smem_p;
+    cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutLSE>, 128> smem_lse;
+    cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutdPsum>, 128> smem_dpsum;
+  };
+  // Kept out of the epilogue union: the last dQ reduce-add may still be reading it.
+  struct dQStorage {
+    cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutdQ>, 1024> smem_dq;
+  };
+
+  // ---------------- params ----------------
+  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seqlen, d, head, batch)
+  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
+
+  using TMA_Q = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TMA_dO = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutdO{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TMA_K = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TMA_V = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TMA_dQ = decltype(make_tma_copy(
+      SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<ElementAccum*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutdQ{}, Shape<Int<kBlockM>, Int<kdQCols>>{}, _1{}));
+
+  struct Params {
+    ShapeQKV shape_Q;       // (Sq, D, Hq, B)
+    ShapeQKV shape_K;       // (Sk, D, Hkv, B)
+    ShapeQKV shape_dQacc;   // (Sq_rounded, D, Hq, B)
+    TMA_Q tma_load_Q;
+    TMA_dO tma_load_dO;
+    TMA_K tma_load_K;
+    TMA_V tma_load_V;
+    TMA_dQ tma_add_dQ;
+    float const* ptr_lse_log2;
+    float const* ptr_dsum;
+    int seqlen_q;
+    int seqlen_k;
+    int seqlen_q_rounded;
+    int num_heads_q;
+    int qhead_per_khead;
+    float scale_log2;
+    bool is_causal;
+  };
+
+  static Params to_params(BwdParams const& p) {
+    auto make_in = [](void const* ptr, int s, int h, int b, int64_t rs, int64_t hs, int64_t bs) {
+      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+                         make_shape(s, int32_t(kHeadDim), h, b), make_stride(rs, _1{}, hs, bs));
+    };
+    auto mQ = make_in(p.q, p.seqlen_q, p.heads_q, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+    auto mdO = make_in(p.dout, p.seqlen_q, p.heads_q, p.batch, p.dout_row_stride, p.dout_head_stride,
+                       p.dout_batch_stride);
+    auto mK = make_in(p.k, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+    auto mV = make_in(p.v, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+    int64_t const acc_head_stride = int64_t(p.seqlen_q_rounded) * kHeadDim;
+    auto mdQacc = make_tensor(make_gmem_ptr(p.dq_accum),
+                              make_shape(p.seqlen_q_rounded, int32_t(kHeadDim), p.heads_q, p.batch),
+                              make_stride(int64_t(kHeadDim), _1{}, acc_head_stride, acc_head_stride * p.heads_q));
+    return Params{
+        make_shape(p.seqlen_q, int32_t(kHeadDim), p.heads_q, p.batch),
+        make_shape(p.seqlen_k, int32_t(kHeadDim), p.heads_kv, p.batch),
+        make_shape(p.seqlen_q_rounded, int32_t(kHeadDim), p.heads_q, p.batch),
+        make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(SmemLayoutdO{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, mK, SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, mV, SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}),
+        make_tma_copy(SM90_TMA_REDUCE_ADD{}, mdQacc, SmemLayoutdQ{}, Shape<Int<kBlockM>, Int<kdQCols>>{}, _1{}),
+        p.lse_log2,
+        p.dsum,
+        p.seqlen_q,
+        p.seqlen_k,
+        p.seqlen_q_rounded,
+        p.heads_q,
+        p.heads_q / p.heads_kv,
+        p.scale_log2,
+        p.is_causal};
+  }
+
+  CUTE_DEVICE static void prefetch_tma_descriptors(Params const& params) {
+    cute::prefetch_tma_descriptor(params.tma_load_Q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_load_dO.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_load_K.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_load_V.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_add_dQ.get_tma_descriptor());
+  }
+
+  // Query blocks [m_min, m_max) that see any key of this n-block. Causal is SDPA's top-left
+  // alignment: key j is visible to query i iff j <= i.
+  CUTE_HOST_DEVICE static cute::tuple<int, int> m_block_range(Params const& params, int n_block) {
+    int const m_max = (params.seqlen_q + kBlockM - 1) / kBlockM;
+    int const m_min = params.is_causal ? (n_block * kBlockN) / kBlockM : 0;
+    return {m_min, m_max};
+  }
+
+  // ---------------- producer warp ----------------
+  template <class SharedStorage>
+  CUTE_DEVICE void load(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
+                        PipelineStateQ& write_q, PipelineStatedO& write_do, SharedStorage& ss, int n_block,
+                        int bidh, int bidb) {
+    auto [m_min, m_max] = m_block_range(params, n_block);
+    if (m_max <= m_min) { return; }
+
+    auto& st = ss.tensors.mainloop;
+    Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutdO{});
+    Tensor sK = make_tensor(make_smem_ptr(st.smem_k.data()), SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(st.smem_v.data()), SmemLayoutV{});
+    Tensor sLSE = make_tensor(make_smem_ptr(st.smem_lse.data()), SmemLayoutLSE{});
+    Tensor sdPsum = make_tensor(make_smem_ptr(st.smem_dpsum.data()), SmemLayoutdPsum{});
+
+    int const bidh_kv = bidh / params.qhead_per_khead;
+    Tensor mQ = params.tma_load_Q.get_tma_tensor(params.shape_Q)(_, _, bidh, bidb);
+    Tensor mdO = params.tma_load_dO.get_tma_tensor(params.shape_Q)(_, _, bidh, bidb);
+    Tensor mK = params.tma_load_K.get_tma_tensor(params.shape_K)(_, _, bidh_kv, bidb);
+    Tensor mV = params.tma_load_V.get_tma_tensor(params.shape_K)(_, _, bidh_kv, bidb);
+    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));   // (M, D, m)
+    Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{})); // (M, D, m)
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));  // (N, D)
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));  // (N, D)
+
+    int64_t const row_offset = (int64_t(bidb) * params.num_heads_q + bidh) * params.seqlen_q_rounded;
+    Tensor mLSE = make_tensor(make_gmem_ptr(params.ptr_lse_log2 + row_offset), make_shape(params.seqlen_q_rounded));
+    Tensor mdPsum = make_tensor(make_gmem_ptr(params.ptr_dsum + row_offset), make_shape(params.seqlen_q_rounded));
+    Tensor gLSE = local_tile(mLSE, Shape<Int<kBlockM>>{}, make_coord(_));      // (M, m)
+    Tensor gdPsum = local_tile(mdPsum, Shape<Int<kBlockM>>{}, make_coord(_));  // (M, m)
+
+    auto tma_Q = params.tma_load_Q.get_slice(_0{});
+    auto tma_dO = params.tma_load_dO.get_slice(_0{});
+    auto tma_K = params.tma_load_K.get_slice(_0{});
+    auto tma_V = params.tma_load_V.get_slice(_0{});
+    Tensor tQgQ = group_modes<0, 3>(tma_Q.partition_S(gQ));       // (TMA, m)
+    Tensor tQsQ = group_modes<0, 3>(tma_Q.partition_D(sQ));       // (TMA, stage)
+    Tensor tdOgdO = group_modes<0, 3>(tma_dO.partition_S(gdO));   // (TMA, m)
+    Tensor tdOsdO = group_modes<0, 3>(tma_dO.partition_D(sdO));   // (TMA, stage)
+    Tensor tKgK = tma_K.partition_S(gK);
+    Tensor tKsK = tma_K.partition_D(sK);
+    Tensor tVgV = tma_V.partition_S(gV);
+    Tensor tVsV = tma_V.partition_D(sV);
+    auto bulk_copy = Copy_Traits<SM90_BULK_COPY_AUTO>{};
+
+    if (cute::elect_one_sync()) {
+      auto load_q = [&](int m) {
+        pipeline_q.producer_acquire(write_q);
+        auto* bar = pipeline_q.producer_get_barrier(write_q);
+        copy(params.tma_load_Q.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, write_q.index()));
+        copy(bulk_copy.with(*bar), gLSE(_, m), sLSE(_, write_q.index()));
+        ++write_q;
+      };
+      auto load_do = [&](int m) {
+        pipeline_do.producer_acquire(write_do);
+        auto* bar = pipeline_do.producer_get_barrier(write_do);
+        copy(params.tma_load_dO.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m),
+             tdOsdO(_, write_do.index()));
+        copy(bulk_copy.with(*bar), gdPsum(_, m), sdPsum(_, write_do.index()));
+        ++write_do;
+      };
+      load_q(m_min);
+      using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
+      ss.pipelines.barrier_KV.arrive_and_expect_tx(2 * kTmaBytesK);
+      copy(params.tma_load_K.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tKgK, tKsK);
+      copy(params.tma_load_V.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tVgV, tVsV);
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int m = m_min; m < m_max - 1; ++m) {
+        load_do(m);
+        load_q(m + 1);
+      }
+      load_do(m_max - 1);
+    }
+  }
+
+  // ---------------- dQ-writer warp ----------------
+  template <class SharedStorage>
+  CUTE_DEVICE void store_dq(Params const& params, SharedStorage& ss, int n_block, int bidh, int bidb) {
+    auto [m_min, m_max] = m_block_range(params, n_block);
+    if (m_max <= m_min) { return; }
+    Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.smem_dq.data()), SmemLayoutdQ{});
+    Tensor mdQ = params.tma_add_dQ.get_tma_tensor(params.shape_dQacc)(_, _, bidh, bidb);
+    Tensor gdQ = local_tile(mdQ, ShapedQ{}, make_coord(_, _));  // (M, cols, m, slice)
+    auto tma = params.tma_add_dQ.get_slice(_0{});
+    Tensor tdQsdQ = tma.partition_S(sdQ);  // (TMA, TMA_M, TMA_N)
+    Tensor tdQgdQ = tma.partition_D(gdQ);  // (TMA, TMA_M, TMA_N, m, slice)
+    bool const leader = cute::elect_one_sync();
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int m = m_min; m < m_max; ++m) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < kdQSlices; ++s) {
+        named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
+        if (leader) {
+          copy(params.tma_add_dQ, tdQsdQ, tdQgdQ(_, _, _, m, s));
+          tma_store_arrive();
+          tma_store_wait<0>();  // smem read back before the MMA warps may overwrite it
+        }
+        __syncwarp();
+        named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
+      }
+    }
+  }
+
+  // ---------------- MMA warpgroups ----------------
+  // Returns false when this n-block sees no query (dK = dV = 0).
+  template <class SharedStorage, class FrgdKV>
+  CUTE_DEVICE bool mma(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
+                       PipelineStateQ& read_q, PipelineStatedO& read_do, FrgdKV& tdKrdK, FrgdKV& tdVrdV,
+                       int thread_idx, int n_block, SharedStorage& ss) {
+    clear(tdKrdK);
+    clear(tdVrdV);
+    auto [m_min, m_max] = m_block_range(params, n_block);
+    if (m_max <= m_min) { return false; }
+
+    auto& st = ss.tensors.mainloop;
+    Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutdO{});
+    Tensor sQt = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutdOt{});
+    Tensor sdS = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdS{});
+    Tensor sdSt = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdSt{});
+    Tensor sLSEMma = make_tensor(make_smem_ptr(st.smem_lse.data()), SmemLayoutRowStatMma<kStagesQ>{});
+    Tensor sdPsumMma = make_tensor(make_smem_ptr(st.smem_dpsum.data()), SmemLayoutRowStatMma<kStagesdO>{});
+    Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.smem_dq.data()), SmemLayoutdQ{});
+
+    TiledMmaSdP tiled_mma_SdP;
+    TiledMmadKV tiled_mma_dKV;
+    TiledMmadQ tiled_mma_dQ;
+    auto thr_SdP = tiled_mma_SdP.get_thread_slice(thread_idx);
+    auto thr_dKV = tiled_mma_dKV.get_thread_slice(thread_idx);
+    auto thr_dQ = tiled_mma_dQ.get_thread_slice(thread_idx);
+
+    // Operand descriptors.
+    Tensor tSrQ = mma_smem_fragment<!kSdPSwapAB>(thr_SdP, sQ);    // (.., stage)
+    Tensor tdPrdO = mma_smem_fragment<!kSdPSwapAB>(thr_SdP, sdO); // (.., stage)
+    Tensor tdVrdO = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sdOt); // (.., stage)
+    Tensor tdKrQ = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sQt);   // (.., stage)
+    Tensor tdQrdS = thr_dQ.partition_fragment_A(sdS);             // (.., dS stage)
+
+    // Row statistics, broadcast over the S tile, and S-tile coordinates for masking.
+    Tensor tLSEsLSE = thr_SdP.partition_C(sLSEMma);      // (MMA, MMA_M, MMA_N, stage)
+    Tensor tdPsumsdPsum = thr_SdP.partition_C(sdPsumMma);
+    Tensor tScS = thr_SdP.partition_C(make_identity_tensor(ShapeS{}));
+
+    auto smem_tiled_copy_PdS = make_tiled_copy_C(SmemCopyAtomPdS{}, tiled_mma_SdP);
+    auto smem_thr_copy_PdS = smem_tiled_copy_PdS.get_thread_slice(thread_idx);
+    Tensor tdSsdS = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(sdS, sdSt));
+
+    // Let the MMA warps take the first turn on the dQ staging tile.
+    if (thread_idx < cutlass::NumThreadsPerWarp) {
+      named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
+    }
+
+    int const seqlen_q = params.seqlen_q;
+    int const seqlen_k = params.seqlen_k;
+    bool const is_causal = params.is_causal;
+    float const scale_log2 = params.scale_log2;
+    int const n_block_end = (n_block + 1) * kBlockN;
+
+    // K_j and V_j.
+    ss.pipelines.barrier_KV.wait(0);
+
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int m_block = m_min; m_block < m_max; ++m_block) {
+      int const stage_q = read_q.index();
+      int const stage_do = read_do.index();
+      int const stage_ds = kStagesdS == 1 ? 0 : stage_q;
+      // Loop-invariant K / V operands, rebuilt per iteration (see launder_ptr).
+      Element* const k_ptr = launder_ptr(st.smem_k.data());
+      Element* const v_ptr = launder_ptr(st.smem_v.data());
+      Tensor tSrK = mma_smem_fragment<kSdPSwapAB>(thr_SdP, make_tensor(make_smem_ptr(k_ptr), SmemLayoutK{}));
+      Tensor tdPrV = mma_smem_fragment<kSdPSwapAB>(thr_SdP, make_tensor(make_smem_ptr(v_ptr), SmemLayoutV{}));
+      Tensor sKt_l = make_tensor(make_smem_ptr(k_ptr), SmemLayoutKt{});
+
+      // S = Q K^T (or S^T = K Q^T)
+      Tensor tSrS = partition_fragment_C(tiled_mma_SdP, ShapeS{});
+      pipeline_q.consumer_wait(read_q);
+      if constexpr (kSdPSwapAB) {
+        wg_gemm<true, -1>(tiled_mma_SdP, tSrK, tSrQ(_, _, _, stage_q), tSrS);
+      } else {
+        wg_gemm<true, -1>(tiled_mma_SdP, tSrQ(_, _, _, stage_q), tSrK, tSrS);
+      }
+      // dP = dO V^T (or dP^T = V dO^T)
+      Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});
+      pipeline_do.consumer_wait(read_do);
+      if constexpr (kSdPSwapAB) {
+        wg_gemm<true, -1>(tiled_mma_SdP, tdPrV, tdPrdO(_, _, _, stage_do), tdPrdP);
+      } else {
+        wg_gemm<true, -1>(tiled_mma_SdP, tdPrdO(_, _, _, stage_do), tdPrV, tdPrdP);
+      }
+
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(tSrS);
+      // P = exp2(S * scale_log2 - lse_log2), masked (key tail; causal diagonal blocks).
+      {
+        bool const need_mask =
+            n_block_end > seqlen_k || (is_causal && m_block * kBlockM < n_block_end - 1);
+        Tensor tLSE = tLSEsLSE(_, _, _, stage_q);
+        int const row0 = m_block * kBlockM;
+        int const col0 = n_block * kBlockN;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) {
+          float s = tSrS(i);
+          if (need_mask) {
+            auto c = tScS(i);
+            int const q_idx = row0 + (kSdPSwapAB ? get<1>(c) : get<0>(c));
+            int const k_idx = col0 + (kSdPSwapAB ? get<0>(c) : get<1>(c));
+            if (k_idx >= seqlen_k || (is_causal && k_idx > q_idx)) { s = -INFINITY; }
+          }
+          tSrS(i) = exp2f(s * scale_log2 - tLSE(i));
+        }
+      }
+
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdPrdP);
+      // dS = P * (dP - dsum)
+      {
+        Tensor tdPsum = tdPsumsdPsum(_, _, _, stage_do);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tdPrdP); ++i) { tdPrdP(i) = tSrS(i) * (tdPrdP(i) - tdPsum(i)); }
+      }
+
+      Tensor rP = make_tensor_like<Element>(tSrS);
+      convert_fragment(tSrS, rP);
+      Tensor rdS = make_tensor_like<Element>(tdPrdP);
+      convert_fragment(tdPrdP, rdS);
+
+      if constexpr (!kMmadKVIsRS) {
+        Tensor sP = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdS{});
+        Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
+        Tensor tPsP = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(sP, sPt));
+        if constexpr (kStagesdS == 1) {
+          // every warpgroup is done reading the previous P / dS
+          named_sync(kNumMmaThreads, BwdBarrier::kPdS);
+        }
+        cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rP), tPsP(_, _, _, stage_ds));
+        cutlass::arch::fence_view_async_shared();
+        named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // P visible to every warpgroup
+        cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rdS), tdSsdS(_, _, _, stage_ds));
+        // dV += P^T dO (or dV^T += dO^T P)
+        Tensor tdVrP = mma_smem_fragment<!kdKVSwapAB>(thr_dKV, sPt);
+        if constexpr (kdKVSwapAB) {
+          wg_gemm<false, -1>(tiled_mma_dKV, tdVrdO(_, _, _, stage_do), tdVrP(_, _, _, stage_ds), tdVrdV);
+        } else {
+          wg_gemm<false, -1>(tiled_mma_dKV, tdVrP(_, _, _, stage_ds), tdVrdO(_, _, _, stage_do), tdVrdV);
+        }
+      } else {
+        if constexpr (kStagesdS == 1) { named_sync(kNumMmaThreads, BwdBarrier::kPdS); }
+        cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rdS), tdSsdS(_, _, _, stage_ds));
+        // dV += P^T dO with P^T straight from registers
+        Tensor tdVrP = make_tensor(rP.data(), acc_layout_as_A_operand(rP.layout()));
+        wg_gemm<false, -1>(tiled_mma_dKV, tdVrP, tdVrdO(_, _, _, stage_do), tdVrdV);
+      }
+      cutlass::arch::fence_view_async_shared();
+      named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // dS visible to every warpgroup
+
+      // dQ slice 0 = dS K[:, slice 0]
+      Tensor tdQrdQ = partition_fragment_C(tiled_mma_dQ, ShapedQ{});
+      Tensor tdQsdQ = thr_dQ.partition_C(sdQ);
+      {
+        Tensor sKt_s = local_tile(sKt_l, Shape<Int<kdQCols>, Int<kBlockN>>{}, make_coord(0, _0{}));
+        Tensor tdQrK = thr_dQ.partition_fragment_B(sKt_s);
+        wg_gemm<true, 1>(tiled_mma_dQ, tdQrdS(_, _, _, stage_ds), tdQrK, tdQrdQ);  // dV done after this
+      }
+      pipeline_do.consumer_release(read_do);  // dO read by dP and dV only
+      ++read_do;
+
+      // dK += dS^T Q (or dK^T += Q^T dS)
+      if constexpr (kMmadKVIsRS) {
+        Tensor tdKrdS = make_tensor(rdS.data(), acc_layout_as_A_operand(rdS.layout()));
+        wg_gemm<false, 1>(tiled_mma_dKV, tdKrdS, tdKrQ(_, _, _, stage_q), tdKrdK);
+      } else {
+        Tensor tdKrdS = mma_smem_fragment<!kdKVSwapAB>(thr_dKV, sdSt);
+        if constexpr (kdKVSwapAB) {
+          wg_gemm<false, 1>(tiled_mma_dKV, tdKrQ(_, _, _, stage_q), tdKrdS(_, _, _, stage_ds), tdKrdK);
+        } else {
+          wg_gemm<false, 1>(tiled_mma_dKV, tdKrdS(_, _, _, stage_ds), tdKrQ(_, _, _, stage_q), tdKrdK);
+        }
+      }
+      // dQ slice 0 is complete: hand it to the dQ writer.
+      named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
+      cute::copy(tdQrdQ, tdQsdQ);
+      cutlass::arch::fence_view_async_shared();
+      named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
+
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 1; s < kdQSlices; ++s) {
+        Tensor sKt_s = local_tile(sKt_l, Shape<Int<kdQCols>, Int<kBlockN>>{}, make_coord(s, _0{}));
+        Tensor tdQrK = thr_dQ.partition_fragment_B(sKt_s);
+        wg_gemm<true, 0>(tiled_mma_dQ, tdQrdS(_, _, _, stage_ds), tdQrK, tdQrdQ);
+        named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
+        cute::copy(tdQrdQ, tdQsdQ);
+        cutlass::arch::fence_view_async_shared();
+        named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
+      }
+
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdKrdK);
+      pipeline_q.consumer_release(read_q);  // Q read by S and dK
+      ++read_q;
+    }
+    warpgroup_fence_operand(tdKrdK);
+    warpgroup_fence_operand(tdVrdV);
+    return true;
+  }
+};
+
+}  // namespace kernel
+}  // namespace sm90_sdpa
