@@ -14,6 +14,9 @@ what the stock backward ops' meta functions promise and Inductor asserts.
 """
 from __future__ import annotations
 
+import threading
+from collections import Counter
+
 import torch
 from torch import Tensor
 
@@ -23,6 +26,17 @@ from .reference import attention_backward_reference
 # ---------------------------------------------------------------------------------------
 # sdpa_backward
 # ---------------------------------------------------------------------------------------
+
+# Runs of sdpa_backward's kernels by device type, except those of the eager sdpa's own
+# backward: the calls made by compiled graphs (torch_sm90_sdpa.routing_stats() reads it;
+# counted here because on an FX graph cache hit the rewrite pass does not run).
+routed_calls: Counter = Counter()
+_eager_backward = threading.local()
+
+
+def _count_call(q: Tensor) -> None:
+    if not getattr(_eager_backward, "active", False):
+        routed_calls[q.device.type] += 1
 
 
 @torch.library.custom_op("torch_sm90_sdpa::sdpa_backward", mutates_args=(), device_types="cpu")
@@ -38,6 +52,7 @@ def sdpa_backward(
     deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
+    _count_call(q)
     # The reference is deterministic whatever `deterministic` says.
     return attention_backward_reference(grad_out, q, k, v, out, lse, is_causal, scale)
 
@@ -46,6 +61,7 @@ def sdpa_backward(
 def _sdpa_backward_cuda(grad_out, q, k, v, out, lse, is_causal, scale, deterministic):
     _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
     _validation.check_cuda_kernel_dtype(q)
+    _count_call(q)
     from ._cuda_backend import sdpa_backward_cuda
 
     return sdpa_backward_cuda(grad_out, q, k, v, out, lse, is_causal, scale, deterministic)
@@ -144,9 +160,13 @@ def _sdpa_backward(ctx, grad_out, _grad_lse):
         # e.g. the expanded gradient of out.sum(): the kernels need a contiguous last dim.
         grad_out = grad_out.contiguous()
     deterministic = torch.are_deterministic_algorithms_enabled()
-    dq, dk, dv = torch.ops.torch_sm90_sdpa.sdpa_backward(
-        grad_out, q, k, v, out, lse, ctx.is_causal, ctx.scale, deterministic
-    )
+    _eager_backward.active = True
+    try:
+        dq, dk, dv = torch.ops.torch_sm90_sdpa.sdpa_backward(
+            grad_out, q, k, v, out, lse, ctx.is_causal, ctx.scale, deterministic
+        )
+    finally:
+        _eager_backward.active = False
     return dq, dk, dv, None, None, None
 
 
