@@ -1,0 +1,405 @@
+"""The torch.compile rewrite: stock SDPA backward nodes -> ``torch_sm90_sdpa::sdpa_backward``.
+
+:class:`SdpaBackwardRewrite` is an Inductor ``CustomGraphPass``; :mod:`torch_sm90_sdpa.routing`
+installs it as ``torch._inductor.config.post_grad_custom_post_pass``, chained with the
+pass the user had there (which still runs, after ours, on the rewritten graph).
+
+In each post-grad graph it finds the nodes of
+``aten._scaled_dot_product_{cudnn,flash,efficient}_attention_backward.default`` (and, with
+the CPU route on, ``aten._scaled_dot_product_flash_attention_for_cpu_backward.default``),
+describes each from its arguments' fake tensors (``node.meta["val"]``), asks
+:func:`torch_sm90_sdpa.policy.decide`, and replaces the eligible ones:
+
+* the logsumexp becomes the op's [B, H, Sq] view: cuDNN's [B, H, Sq, 1] is selected at
+  index 0 of its last dim, the efficient op's [B, H, pad32(Sq)] is sliced to Sq;
+* ``scale=None`` becomes 1/sqrt(D); ``deterministic`` is
+  ``torch.are_deterministic_algorithms_enabled()`` at compile time (Dynamo guards on it);
+* each output keeps the shape and strides of the stock node's output: where our op's
+  ``empty_like`` strides differ (e.g. the CPU op returns [B, S, H, D] memory for a
+  [B, H, S, D]-contiguous query), the output is copied into the stock layout
+  (permute -> contiguous clone -> inverse permute);
+* the stock node's other outputs (the efficient op's grad_bias) must be unused; the
+  forward node and its extra outputs (philox seed / offset, debug mask) are not touched.
+
+Decisions are counted (:data:`decision_counts`) and logged on the ``torch_sm90_sdpa``
+logger: routed at INFO, not routed at INFO (CUDA) or DEBUG (a CPU node with the CPU route
+off). These are compile-time counts: on an FX graph cache hit the pass does not run.
+
+``uuid()`` hashes everything that decides what the pass does: its sources and the op's
+(ops.py, policy.py, _validation.py, this file), the routing options, the compiled
+variants (``build_info()``), the GPUs' compute capabilities, the deterministic flag,
+torch's version and the chained user pass's uuid. It is None (no FX graph caching, as
+Inductor does for any pass without a uuid) only if the user's chained pass has none.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import operator
+import os
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+from torch._inductor import custom_graph_pass as _cgp
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from . import ops as _ops  # noqa: F401  (the op must be registered before we insert it)
+from . import policy
+
+log = logging.getLogger("torch_sm90_sdpa")
+
+aten = torch.ops.aten
+OUR_OP = torch.ops.torch_sm90_sdpa.sdpa_backward.default
+_BACKEND_BY_TARGET = {op: name for name, op in policy.STOCK_BACKWARD_OPS.items()}
+
+# Bump when the rewrite's output changes in a way the source hash would not see.
+_REWRITE_VERSION = 1
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_SOURCE_FILES = tuple(
+    os.path.join(_PKG_DIR, f) for f in ("compile_pass.py", "policy.py", "ops.py", "_validation.py")
+)
+
+# Compile-time decisions in this process: ("routed", backend) and ("not routed", reason).
+decision_counts: collections.Counter = collections.Counter()
+# The last decisions, newest last: (backend, Decision, description).
+recent_decisions: collections.deque = collections.deque(maxlen=256)
+
+_Base = getattr(_cgp, "CustomInferenceAwareGraphPass", _cgp.CustomGraphPass)
+
+
+# ---------------------------------------------------------------------------------------
+# the pass
+# ---------------------------------------------------------------------------------------
+
+
+def _as_pass_list(p) -> tuple:
+    if p is None:
+        return ()
+    if isinstance(p, (list, tuple)):
+        return tuple(p)
+    return (p,)
+
+
+def _source_hash() -> str:
+    h = hashlib.sha256()
+    for path in _SOURCE_FILES:
+        h.update(os.path.basename(path).encode())
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+class SdpaBackwardRewrite(_Base):
+    """Inductor post-grad pass: routes eligible SDPA backward nodes to our op, then runs
+    the user's pass(es) that were set before (``user_pass``) on the result."""
+
+    def __init__(self, cpu: bool = False, user_pass: Any = None):
+        self.cpu = bool(cpu)
+        self.user_pass = user_pass
+
+    def __call__(self, graph: torch.fx.Graph, is_inference: Optional[bool] = None) -> None:
+        rewrite_graph(graph, cpu_route=self.cpu)
+        for p in _as_pass_list(self.user_pass):
+            if is_inference is not None and isinstance(
+                p, getattr(_cgp, "CustomInferenceAwareGraphPass", ())
+            ):
+                p(graph, is_inference=is_inference)
+            else:
+                p(graph)
+
+    def _user_uuid(self):
+        uuids = []
+        for p in _as_pass_list(self.user_pass):
+            u = p.uuid() if isinstance(p, _cgp.CustomGraphPass) else None
+            if u is None:
+                return None, False
+            uuids.append(u)
+        return tuple(uuids), True
+
+    def uuid(self) -> Optional[str]:
+        user, cacheable = self._user_uuid()
+        if not cacheable:
+            # Inductor bypasses the FX graph cache for a pass without uuid; so do we.
+            return None
+        h = hashlib.sha256()
+        h.update(_source_hash().encode())
+        h.update(repr((
+            _REWRITE_VERSION,
+            self.cpu,
+            torch.__version__,
+            torch.are_deterministic_algorithms_enabled(),
+            policy.policy_fingerprint(),
+            user,
+        )).encode())
+        return "torch_sm90_sdpa-" + h.hexdigest()
+
+    def __repr__(self) -> str:
+        return f"SdpaBackwardRewrite(cpu={self.cpu}, user_pass={self.user_pass!r})"
+
+
+# ---------------------------------------------------------------------------------------
+# reading a stock backward node
+# ---------------------------------------------------------------------------------------
+
+
+def _bind(node: torch.fx.Node) -> dict:
+    """Argument name -> value (fx Nodes or constants) from the op's schema."""
+    schema = node.target._schema
+    bound = {}
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    for a, v in zip(positional, node.args):
+        bound[a.name] = v
+    bound.update(node.kwargs)
+    for a in schema.arguments:
+        if a.name not in bound:
+            bound[a.name] = a.default_value if a.has_default_value() else None
+    return bound
+
+
+def _val(x):
+    return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+
+
+def _describe_node(node: torch.fx.Node, backend: str) -> tuple[policy.AttentionBackwardCall, dict]:
+    a = _bind(node)
+    mask_arg = {"cpu_flash": "attn_mask", "cudnn": "attn_bias",
+                "efficient": "attn_bias"}.get(backend)
+    has_mask = mask_arg is not None and _val(a.get(mask_arg)) is not None
+    nested = any(_val(a.get(n)) is not None for n in ("cum_seq_q", "cum_seq_k"))
+    if backend == "efficient":
+        mask = a.get("grad_input_mask") or [True, True, True, False]
+        # A bias gradient is only computed for a bias; no bias, no route question.
+        has_mask = has_mask or (bool(mask[3]) and _val(a.get("attn_bias")) is not None)
+    call = policy.AttentionBackwardCall(
+        backend=backend,
+        grad_out=_val(a.get("grad_out", a.get("grad_out_"))),
+        q=_val(a["query"]),
+        k=_val(a["key"]),
+        v=_val(a["value"]),
+        out=_val(a["out"]),
+        lse=_val(a["logsumexp"]),
+        is_causal=bool(a.get("is_causal", False)),
+        dropout_p=a.get("dropout_p", 0.0),
+        scale=a.get("scale"),
+        has_mask=has_mask,
+        nested=nested,
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+    )
+    nodes = {
+        "grad_out": a.get("grad_out", a.get("grad_out_")),
+        "q": a["query"], "k": a["key"], "v": a["value"], "out": a["out"],
+        "lse": a["logsumexp"],
+    }
+    return call, nodes
+
+
+def _output_users(node: torch.fx.Node):
+    """{index: [getitem nodes]} of the node's users, or None if a user is something else
+    or uses an output we do not produce (the efficient op's grad_bias)."""
+    by_index: dict = collections.defaultdict(list)
+    for user in node.users:
+        if user.op != "call_function" or user.target is not operator.getitem:
+            return None
+        idx = user.args[1]
+        if not isinstance(idx, int):
+            return None
+        if idx >= 3 and user.users:
+            return None
+        by_index[idx].append(user)
+    return by_index
+
+
+# ---------------------------------------------------------------------------------------
+# layouts
+# ---------------------------------------------------------------------------------------
+
+
+def _hint(x) -> Optional[int]:
+    if isinstance(x, torch.SymInt):
+        return x.node.hint
+    return int(x)
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape and the same strides in every dim of size != 1."""
+    if a.dim() != b.dim():
+        return False
+    for sa, sb, ta, tb in zip(a.shape, b.shape, a.stride(), b.stride()):
+        if not statically_known_true(sa == sb):
+            return False
+        if statically_known_true(sa <= 1):
+            continue
+        if not statically_known_true(ta == tb):
+            return False
+    return True
+
+
+def _outer_to_inner(t: torch.Tensor) -> Optional[list]:
+    """The permutation that makes t contiguous (dims by decreasing stride)."""
+    hints = [_hint(s) for s in t.stride()]
+    sizes = [_hint(s) for s in t.shape]
+    if any(h is None for h in hints + sizes):
+        return None
+    # size-1 dims can go anywhere; keep them in their original place among equals
+    return sorted(range(t.dim()), key=lambda i: (-hints[i], sizes[i] != 1, i))
+
+
+# ---------------------------------------------------------------------------------------
+# the rewrite
+# ---------------------------------------------------------------------------------------
+
+
+class _Plan:
+    """The new nodes of one replacement, computed on fake tensors before touching the graph."""
+
+    def __init__(self):
+        self.steps: list = []  # (key, target, args (with ("ref", key) / ("node", n)), kwargs, val)
+        self.outputs: dict = {}  # index -> key of the node that replaces output `index`
+
+    def add(self, key, target, args, kwargs, val):
+        self.steps.append((key, target, args, kwargs, val))
+        return ("ref", key)
+
+
+def _run_fake(fake_mode, target, args, kwargs):
+    if fake_mode is None:
+        return target(*args, **kwargs)
+    with fake_mode:
+        return target(*args, **kwargs)
+
+
+def _plan(node, backend, call, nodes, scale, fake_mode) -> tuple[Optional[_Plan], str]:
+    plan = _Plan()
+    vals = {}
+
+    def val_of(x):
+        if isinstance(x, tuple) and len(x) == 2 and x[0] == "ref":
+            return vals[x[1]]
+        if isinstance(x, tuple) and len(x) == 2 and x[0] == "node":
+            return x[1].meta["val"]
+        return x
+
+    def add(key, target, args, kwargs=None):
+        kwargs = kwargs or {}
+        v = _run_fake(fake_mode, target, [val_of(x) for x in args],
+                      {k: val_of(x) for k, x in kwargs.items()})
+        vals[key] = v
+        return plan.add(key, target, args, kwargs, v)
+
+    lse = ("node", nodes["lse"])
+    if backend == "cudnn":
+        lse = add("lse", aten.select.int, [lse, 3, 0])
+    elif backend == "efficient":
+        sq = call.q.size(2)
+        if not statically_known_true(call.lse.size(2) == sq):
+            if isinstance(sq, torch.SymInt):
+                sq = add("seqlen_q", aten.sym_size.int, [("node", nodes["q"]), 2])
+            lse = add("lse", aten.slice.Tensor, [lse, 2, 0, sq])
+
+    args = [("node", nodes[n]) for n in ("grad_out", "q", "k", "v", "out")]
+    args += [lse, call.is_causal, scale, call.deterministic]
+    op_ref = add("op", OUR_OP, args)
+    old_vals = node.meta.get("val")
+    for i in range(3):
+        got = add(f"out{i}", operator.getitem, [op_ref, i])
+        want = old_vals[i] if isinstance(old_vals, (tuple, list)) else None
+        if want is None or _same_layout(vals[f"out{i}"], want):
+            plan.outputs[i] = f"out{i}"
+            continue
+        perm = _outer_to_inner(want)
+        if perm is None:
+            return None, f"output {i} layout {tuple(want.stride())} is not static"
+        inverse = [perm.index(d) for d in range(len(perm))]
+        p = add(f"perm{i}", aten.permute.default, [got, perm])
+        c = add(f"clone{i}", aten.clone.default, [p], {"memory_format": torch.contiguous_format})
+        add(f"fixed{i}", aten.permute.default, [c, inverse])
+        if not _same_layout(vals[f"fixed{i}"], want):
+            return None, (f"output {i}: cannot rebuild the stock layout {tuple(want.stride())} "
+                          f"(got {tuple(vals[f'fixed{i}'].stride())})")
+        plan.outputs[i] = f"fixed{i}"
+    return plan, ""
+
+
+def _apply(graph: torch.fx.Graph, node: torch.fx.Node, plan: _Plan, users: dict) -> torch.fx.Node:
+    created: dict = {}
+
+    def resolve(x):
+        if isinstance(x, tuple) and len(x) == 2 and x[0] == "ref":
+            return created[x[1]]
+        if isinstance(x, tuple) and len(x) == 2 and x[0] == "node":
+            return x[1]
+        if isinstance(x, list):
+            return [resolve(y) for y in x]
+        return x
+
+    with graph.inserting_before(node):
+        for key, target, args, kwargs, val in plan.steps:
+            new = graph.call_function(target, tuple(resolve(a) for a in args),
+                                      {k: resolve(v) for k, v in kwargs.items()})
+            new.meta["val"] = val
+            for m in ("stack_trace", "nn_module_stack", "seq_nr", "from_node"):
+                if m in node.meta:
+                    new.meta[m] = node.meta[m]
+            created[key] = new
+    for idx, getitems in users.items():
+        for g in getitems:
+            if idx < 3:
+                g.replace_all_uses_with(created[plan.outputs[idx]])
+            graph.erase_node(g)
+    graph.erase_node(node)
+    return created["op"]
+
+
+def _record(backend: str, decision: policy.Decision, description: str, cpu_route: bool) -> None:
+    recent_decisions.append((backend, decision, description))
+    op_name = str(policy.STOCK_BACKWARD_OPS[backend]).replace(".default", "")
+    if decision.routed:
+        decision_counts[("routed", backend)] += 1
+        log.info("routed %s (%s) -> torch_sm90_sdpa.sdpa_backward", op_name, description)
+    else:
+        decision_counts[("not routed", decision.reason)] += 1
+        level = logging.DEBUG if decision.reason == policy.R_CPU_ROUTE_OFF else logging.INFO
+        log.log(level, "not routed: %s (%s): %s", op_name, description, decision.detail)
+
+
+def rewrite_graph(graph: torch.fx.Graph, *, cpu_route: bool = False) -> list:
+    """Replace the eligible stock SDPA backward nodes of `graph` in place.
+
+    Returns [(backend, Decision)] for every stock backward node seen."""
+    results = []
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _BACKEND_BY_TARGET:
+            continue
+        backend = _BACKEND_BY_TARGET[node.target]
+        try:
+            call, nodes = _describe_node(node, backend)
+            description = policy.describe(call) if call.q is not None else backend
+            decision = policy.decide(call, cpu_route=cpu_route)
+        except Exception as exc:  # a plugin must never break a compile
+            call, decision, description = None, policy.Decision(
+                False, policy.R_SHAPES, f"could not read the node: {type(exc).__name__}: {exc}"
+            ), backend
+        users = _output_users(node) if decision.routed else None
+        if decision.routed and users is None:
+            decision = policy.Decision(False, policy.R_OUTPUTS,
+                                       "an output other than dq/dk/dv is used")
+        if decision.routed:
+            try:
+                from torch._guards import detect_fake_mode
+
+                fake_mode = detect_fake_mode([call.q])
+                plan, why = _plan(node, backend, call, nodes, policy.resolved_scale(call),
+                                  fake_mode)
+            except Exception as exc:
+                plan, why = None, f"{type(exc).__name__}: {exc}"
+            if plan is None:
+                decision = policy.Decision(False, policy.R_LAYOUT, why)
+            else:
+                _apply(graph, node, plan, users)
+        _record(backend, decision, description, cpu_route)
+        results.append((backend, decision))
+    if any(d.routed for _, d in results):
+        graph.lint()
+    return results

@@ -1,0 +1,371 @@
+"""Eligibility: which SDPA backward calls the torch.compile rewrite hands to our op.
+
+The rewrite (:mod:`torch_sm90_sdpa.compile_pass`) describes each stock backward node of a
+compiled graph as an :class:`AttentionBackwardCall` (from the nodes' fake tensors) and asks
+:func:`decide`. Everything here runs at compile time and sees only metadata: shapes,
+strides, dtypes, devices (fake tensors, meta tensors, real tensors or :class:`TensorSpec`
+all work, symbolic sizes too). Nothing installs a shape guard: a property that cannot be
+proved for every size the graph serves (e.g. a symbolic stride that may be misaligned)
+counts as not met.
+
+What we serve (the CUDA kernels' contract, csrc/bwd_params.h and _validation.py):
+
+* a dense, non-nested call: no dropout, no attn_mask / attn_bias, 4-D q/k/v/out/grad_out;
+* fp16 / bf16 on an SM90 (compute capability 9.0) GPU, a head dim D with a compiled
+  kernel (``_extension.has_variant``), Dv == D, Hq a multiple of Hkv;
+* q, k, v, out, grad_out with a contiguous last dim, every other stride positive (no
+  broadcast dims) and, like the storage offset, a multiple of 8 elements (16 bytes: TMA);
+* SDPA's causal semantics (top-left). The flash op with ``is_causal`` and Sq != Sk is
+  left alone: called directly, FlashAttention-2 aligns the mask bottom-right (SDPA itself
+  never picks flash for such calls);
+* not under ``torch.use_deterministic_algorithms(True)`` on CUDA until the kernel's
+  deterministic mode exists (``CUDA_DETERMINISTIC_SUPPORTED``).
+
+With the CPU route on (``enable(cpu=True)``), the CPU node of SDPA
+(``_scaled_dot_product_flash_attention_for_cpu_backward``) goes to the op's CPU reference:
+fp16 / bf16 / fp32 / fp64, any head dim, no alignment rule (last dim contiguous only).
+
+A measured speed table (serve a shape only where our kernel beats the stock backend)
+belongs in :func:`decide` too, after the layout checks; there is none yet.
+
+Reasons are short stable strings (the keys of ``routing_stats()["not_routed"]``); the
+details (which tensor, which stride) go to the log.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from . import _extension
+
+# The kernel has a `deterministic` flag in its params, but no deterministic dQ reduction
+# yet. Until it does, deterministic runs keep the stock backward.
+CUDA_DETERMINISTIC_SUPPORTED = False
+CUDA_DTYPES = (torch.float16, torch.bfloat16)
+CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+ALIGN_BYTES = 16
+
+# The stock backward ops the rewrite knows, by short name.
+aten = torch.ops.aten
+STOCK_BACKWARD_OPS = {
+    "cudnn": aten._scaled_dot_product_cudnn_attention_backward.default,
+    "flash": aten._scaled_dot_product_flash_attention_backward.default,
+    "efficient": aten._scaled_dot_product_efficient_attention_backward.default,
+    "cpu_flash": aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+}
+CUDA_BACKENDS = ("cudnn", "flash", "efficient")
+
+# Reasons a call is not routed (stable strings: the keys of the not-routed counts).
+R_CPU_ROUTE_OFF = "CPU route off"
+R_DEVICE = "device not served"
+R_NOT_SM90 = "not an SM90 GPU"
+R_NESTED = "nested / variable-length inputs"
+R_DROPOUT = "dropout_p > 0"
+R_MASK = "attn_mask / attn_bias"
+R_SHAPES = "unexpected shapes"
+R_DTYPE = "dtype"
+R_HEAD_DIM_SYMBOLIC = "symbolic head dim"
+R_DV = "Dv != D"
+R_HEADS = "Hq not a multiple of Hkv"
+R_NOT_BUILT = "SM90 kernels not built"
+R_VARIANT = "head dim not compiled"
+R_DETERMINISTIC = "deterministic algorithms"
+R_CAUSAL_ALIGN = "causal with Sq != Sk (flash aligns bottom-right)"
+R_LAST_DIM = "last dim not contiguous"
+R_ALIGN = "not 16-byte aligned"
+R_STRIDE0 = "broadcast (stride 0) dim"
+R_LSE = "unexpected logsumexp"
+R_SCALE = "scale not a constant"
+R_OUTPUTS = "unsupported outputs used"
+R_LAYOUT = "output layout not reproducible"
+
+# The reasons an ineligible call can have, for documentation and the `info` command.
+ALL_REASONS = (
+    R_CPU_ROUTE_OFF, R_DEVICE, R_NOT_SM90, R_NESTED, R_DROPOUT, R_MASK, R_SHAPES, R_DTYPE,
+    R_HEAD_DIM_SYMBOLIC, R_DV, R_HEADS, R_NOT_BUILT, R_VARIANT, R_DETERMINISTIC,
+    R_CAUSAL_ALIGN, R_LAST_DIM, R_ALIGN, R_STRIDE0, R_LSE, R_SCALE, R_OUTPUTS, R_LAYOUT,
+)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor described by its metadata only (tests, the `info` command).
+
+    Offers the attributes and methods :func:`decide` reads: ``shape``, ``dtype``,
+    ``device``, ``dim()``, ``size(i)``, ``stride(i)``, ``storage_offset()``."""
+
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device = torch.device("cpu")
+    strides: Optional[tuple] = None  # None: contiguous
+    offset: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(self.shape))
+        object.__setattr__(self, "device", torch.device(self.device))
+        if self.strides is None:
+            strides, acc = [], 1
+            for s in reversed(self.shape):
+                strides.append(acc)
+                acc *= max(int(s), 1)
+            object.__setattr__(self, "strides", tuple(reversed(strides)))
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def size(self, i: Optional[int] = None):
+        return self.shape if i is None else self.shape[i]
+
+    def stride(self, i: Optional[int] = None):
+        return self.strides if i is None else self.strides[i]
+
+    def storage_offset(self) -> int:
+        return self.offset
+
+
+@dataclass
+class AttentionBackwardCall:
+    """One stock SDPA backward call, as the rewrite sees it in a graph."""
+
+    backend: str  # a key of STOCK_BACKWARD_OPS
+    grad_out: Any
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    lse: Any  # the backend's own logsumexp layout (see lse_shape_ok)
+    is_causal: bool
+    dropout_p: float = 0.0
+    scale: Any = None  # None: 1/sqrt(D)
+    has_mask: bool = False  # attn_mask (CPU) / attn_bias (cuDNN, efficient)
+    nested: bool = False  # cum_seq_q / cum_seq_k given
+    deterministic: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+
+@dataclass(frozen=True)
+class Decision:
+    routed: bool
+    reason: str = ""  # one of the R_* strings when not routed
+    detail: str = ""  # for the log
+
+    def __bool__(self) -> bool:
+        return self.routed
+
+
+ROUTE = Decision(True)
+
+
+def _no(reason: str, detail: str = "") -> Decision:
+    return Decision(False, reason, detail or reason)
+
+
+def _known(cond) -> bool:
+    """True only if `cond` holds for every value of its symbols (never guards)."""
+    if isinstance(cond, bool):
+        return cond
+    return statically_known_true(cond)
+
+
+def _dims(t) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_cached(index: int):
+    return torch.cuda.get_device_capability(index)
+
+
+def device_capability(device: torch.device):
+    """(major, minor) of a CUDA device, or None if there is no such device here.
+
+    Tests replace this function to describe a GPU this machine does not have."""
+    if device.type != "cuda":
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _capability_cached(index)
+    except Exception:  # no driver, bad index: not a device we can serve
+        return None
+
+
+def resolved_scale(call: AttentionBackwardCall) -> Optional[float]:
+    """The float scale the op gets (None if it is not a compile-time constant)."""
+    if call.scale is None:
+        d = call.q.size(-1)
+        if not isinstance(d, int):
+            return None
+        return 1.0 / math.sqrt(d)
+    if isinstance(call.scale, (int, float)) and math.isfinite(call.scale):
+        return float(call.scale)
+    return None
+
+
+def lse_shape_ok(call: AttentionBackwardCall) -> bool:
+    """The logsumexp layouts of the backends: cuDNN [B,H,Sq,1], flash / CPU [B,H,Sq],
+    efficient [B,H,ceil(Sq/32)*32] (padded); fp32 (fp64 for fp64 CPU inputs)."""
+    lse, q = call.lse, call.q
+    if lse is None or not hasattr(lse, "dim"):
+        return False
+    want_dtype = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+    if lse.dtype not in want_dtype:
+        return False
+    b, h, sq = q.size(0), q.size(1), q.size(2)
+    if call.backend == "cudnn":
+        if lse.dim() != 4 or not _known(lse.size(3) == 1):
+            return False
+    elif lse.dim() != 3:
+        return False
+    same = _known(lse.size(0) == b) and _known(lse.size(1) == h)
+    if call.backend == "efficient":
+        # padded to a multiple of 32 >= Sq by the op's contract (not provable symbolically)
+        return same
+    return same and _known(lse.size(2) == sq)
+
+
+def _layout_reason(name: str, t, align_elems: Optional[int]) -> Optional[Decision]:
+    """Last dim contiguous; with align_elems, every other stride and the storage offset
+    multiples of align_elems."""
+    if not _known(t.stride(-1) == 1) and not _known(t.size(-1) <= 1):
+        return _no(R_LAST_DIM, f"{name} has strides {tuple(t.stride())}")
+    if align_elems is None or align_elems <= 1:
+        return None
+    for i in range(t.dim() - 1):
+        st = t.stride(i)
+        if _known(t.size(i) <= 1):
+            continue
+        if not _known(st > 0):
+            return _no(R_STRIDE0, f"{name} stride {i} = {st} (a broadcast dim)")
+        if not _known(st % align_elems == 0):
+            return _no(R_ALIGN, f"{name} stride {i} = {st} is not a multiple of "
+                                f"{align_elems} elements")
+    off = t.storage_offset()
+    if not _known(off % align_elems == 0):
+        return _no(R_ALIGN, f"{name} storage offset {off} is not a multiple of "
+                            f"{align_elems} elements")
+    return None
+
+
+def decide(call: AttentionBackwardCall, *, cpu_route: bool = False) -> Decision:
+    """Whether the rewrite replaces this call by ``torch_sm90_sdpa::sdpa_backward``."""
+    backend = call.backend
+    if backend not in STOCK_BACKWARD_OPS:
+        return _no(R_DEVICE, f"unknown backend {backend!r}")
+    device = call.device
+    if backend == "cpu_flash":
+        if not cpu_route:
+            return _no(R_CPU_ROUTE_OFF, "CPU route off (enable(cpu=True) serves CPU calls)")
+        if device.type != "cpu":
+            return _no(R_DEVICE, f"CPU op on device {device}")
+    elif device.type != "cuda":
+        return _no(R_DEVICE, f"device {device} is not served")
+    if call.nested:
+        return _no(R_NESTED)
+    if not (isinstance(call.dropout_p, (int, float)) and call.dropout_p == 0):
+        return _no(R_DROPOUT, f"dropout_p = {call.dropout_p}")
+    if call.has_mask:
+        return _no(R_MASK)
+
+    q, k, v, out, go = call.q, call.k, call.v, call.out, call.grad_out
+    named = {"query": q, "key": k, "value": v, "out": out, "grad_out": go}
+    if not all(t is not None and hasattr(t, "dim") and t.dim() == 4 for t in named.values()):
+        return _no(R_SHAPES, "q/k/v/out/grad_out are not all 4-D tensors")
+    if any(t.device != device for t in named.values()) or call.lse.device != device:
+        return _no(R_DEVICE, "tensors on different devices")
+
+    dtype = q.dtype
+    allowed = CPU_DTYPES if backend == "cpu_flash" else CUDA_DTYPES
+    if dtype not in allowed or any(t.dtype != dtype for t in named.values()):
+        return _no(R_DTYPE, f"dtypes {[str(t.dtype) for t in named.values()]}; "
+                            f"served: {[str(d) for d in allowed]}")
+    head_dim = q.size(-1)
+    if not isinstance(head_dim, int):
+        return _no(R_HEAD_DIM_SYMBOLIC, f"head dim {head_dim}")
+    if v.size(-1) != head_dim or k.size(-1) != head_dim:
+        return _no(R_DV, f"D = {head_dim}, Dk = {k.size(-1)}, Dv = {v.size(-1)}")
+    b, hq, sq = q.size(0), q.size(1), q.size(2)
+    hkv, sk = k.size(1), k.size(2)
+    shapes_ok = (
+        _known(k.size(0) == b) and _known(v.size(0) == b) and _known(v.size(1) == hkv)
+        and _known(v.size(2) == sk)
+        and all(_known(t.size(i) == s)
+                for t in (out, go) for i, s in enumerate((b, hq, sq, head_dim)))
+    )
+    if not shapes_ok:
+        return _no(R_SHAPES, f"q {_dims(q)}, k {_dims(k)}, v {_dims(v)}, out {_dims(out)}, "
+                             f"grad_out {_dims(go)}")
+    if not (isinstance(hq, int) and isinstance(hkv, int) and hkv > 0 and hq % hkv == 0) and not (
+        _known(hq == hkv)
+    ):
+        return _no(R_HEADS, f"Hq = {hq}, Hkv = {hkv}")
+    if not lse_shape_ok(call):
+        lse = call.lse
+        return _no(R_LSE, f"logsumexp {_dims(lse) if hasattr(lse, 'shape') else lse!r} "
+                          f"{getattr(lse, 'dtype', '')} for the {backend} op")
+    if resolved_scale(call) is None:
+        return _no(R_SCALE, f"scale {call.scale!r}")
+
+    if backend != "cpu_flash":
+        cap = device_capability(device)
+        if cap != (9, 0):
+            return _no(R_NOT_SM90, f"device {device} has compute capability {cap}")
+        if _extension.load() is None:
+            return _no(R_NOT_BUILT, str(_extension.unavailable_reason()))
+        if not _extension.has_variant(head_dim, dtype):
+            compiled = sorted(
+                f"{name}/{d}" for name, d in _extension.build_info().get("variants", [])
+            )
+            return _no(R_VARIANT, f"no kernel for head dim {head_dim} {dtype}; "
+                                  f"compiled: {compiled}")
+        if call.deterministic and not CUDA_DETERMINISTIC_SUPPORTED:
+            return _no(R_DETERMINISTIC, "torch.use_deterministic_algorithms(True) is on")
+        if backend == "flash" and call.is_causal and not _known(sq == sk):
+            return _no(R_CAUSAL_ALIGN, f"Sq = {sq}, Sk = {sk}")
+        align = ALIGN_BYTES // q.element_size() if hasattr(q, "element_size") else (
+            ALIGN_BYTES // torch.empty((), dtype=dtype, device="meta").element_size())
+    else:
+        align = None
+
+    for name, t in named.items():
+        why = _layout_reason(name, t, align)
+        if why is not None:
+            return why
+    return ROUTE
+
+
+def describe(call: AttentionBackwardCall) -> str:
+    """A one-line description for the log: shapes, dtype, device, causal."""
+    q, k = call.q, call.k
+    gqa = "" if _known(q.size(1) == k.size(1)) else f", GQA {q.size(1)}/{k.size(1)}"
+    return (f"q {_dims(q)} k {_dims(k)} {str(q.dtype).replace('torch.', '')} on {q.device}"
+            f"{', causal' if call.is_causal else ''}{gqa}")
+
+
+def policy_fingerprint() -> tuple:
+    """What, besides this package's sources, decides routing: part of the pass's uuid()."""
+    info = _extension.build_info()
+    caps: Sequence = ()
+    try:
+        # Only once CUDA is initialized (never initialize it here): a CUDA graph cannot be
+        # compiled before, since Dynamo traces real CUDA tensors.
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            caps = tuple(device_capability(torch.device("cuda", i))
+                         for i in range(torch.cuda.device_count()))
+    except Exception:
+        caps = ("unknown",)
+    return (
+        tuple(sorted((str(k), repr(v)) for k, v in info.items())),
+        caps,
+        CUDA_DETERMINISTIC_SUPPORTED,
+    )
