@@ -121,7 +121,7 @@ template <class Kernel>
 __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
     bwd_main_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ char smem_buf[];
+  extern __shared__ __align__(1024) char smem_buf[];
   Kernel{}(params, smem_buf);
 #endif
 }

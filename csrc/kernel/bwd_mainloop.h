@@ -151,8 +151,10 @@ struct BwdMainloop {
       Layout<Shape<Int<kBlockN>, Int<kBlockM>, Int<kStages>>, Stride<_0, _1, Int<kBlockM>>>>;
 
   // dQ slice staging tile (fp32, swizzled for conflict-light stores, TMA reduce-add source).
-  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<ElementAccum>{},
-                                              make_shape(Int<kBlockM>{}, Int<kdQCols>{})));
+  // The swizzle atom must not straddle two warpgroups' column ranges.
+  using SmemAtomdQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                              GMMA::Major::K, ElementAccum, Int<kBlockM>, Int<kdQCols / (kNumMmaWG / kAtomLayoutMdQ)>>());
+  using SmemLayoutdQ = decltype(tile_to_shape(SmemAtomdQ{}, make_shape(Int<kBlockM>{}, Int<kdQCols>{})));
 
   // P / dS register -> smem copies (stmatrix). Registers hold S (rows q) or S^T (rows k).
   static constexpr int kNumPdSStore = kBlockM * kBlockN / kNumMmaThreads;

@@ -143,6 +143,8 @@ def check(shim, B, Hq, Hkv, Sq, Sk, D, dtype, causal, layout="bhsd", results=Non
         serrs = [rel_err(a, r) for a, r in zip((sdq, sdk, sdv), (rdq, rdk, rdv))]
     except Exception as e:  # noqa
         serrs = [float("nan")] * 3
+    # max-abs errors relative to the reference's max (a reference of ~0, e.g. dq at Sq=Sk=1, is
+    # judged against the stock error only)
     ok = (not nan) and all(e <= 2 * s + 2e-3 if not math.isnan(s) else e < 2e-2 for e, s in zip(errs, serrs))
     # repeatability (atomics change the summation order: allow rounding-level differences)
     dq2, dk2, dv2 = shim.backward(dout, q, k, v, out, lse.float(), causal, scale)
@@ -173,13 +175,12 @@ def bench(shim, dims, dtype=torch.bfloat16):
                     try:
                         with sdpa_kernel(be):
                             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
-                        fn = lambda: torch.autograd.grad(o, (qs, ks, vs), dout, retain_graph=True)
-                        res[name] = fn
+                        res[name] = lambda o=o: torch.autograd.grad(o, (qs, ks, vs), dout, retain_graph=True)
                     except Exception as e:
                         print("skip", name, e)
                 out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
                 o, lse = out[0], out[1]
-                res["ours"] = lambda: shim.backward(dout, q, k, v, o, lse, causal, scale, poison=False)
+                res["ours"] = lambda o=o, lse=lse: shim.backward(dout, q, k, v, o, lse, causal, scale, poison=False)
                 times = {n: [] for n in res}
                 for n, fn in res.items():
                     fn()
@@ -201,9 +202,16 @@ def main():
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--one", action="store_true", help="one small case per dim (for compute-sanitizer)")
     a = ap.parse_args()
     shim = Shim(a.lib)
     dims = [int(x) for x in a.dims.split(",")]
+    if a.one:
+        ok = True
+        for D in dims:
+            ok &= check(shim, 1, 2, 2, 300, 200, D, torch.bfloat16, True)
+            ok &= check(shim, 1, 4, 2, 130, 260, D, torch.bfloat16, False)
+        return 0 if ok else 1
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[x] for x in a.dtypes.split(",")]
     results = []
     for D in dims:

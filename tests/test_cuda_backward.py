@@ -1,0 +1,236 @@
+"""Numerics of the SM90 main backward kernel through torch.ops.torch_sm90_sdpa.sdpa_backward.
+
+Each case compares dq/dk/dv with a float64 reference (autograd of explicit attention on the
+GPU, SDPA's top-left causal mask) and requires our error to be at most twice the error of the
+stock fused backward on the same fp16/bf16 inputs plus a small term, elementwise and in norm.
+Runs only on an SM90 GPU with the variant compiled; skips cleanly elsewhere.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+
+try:
+    from torch_sm90_sdpa import _extension
+except Exception:  # pragma: no cover - package without the extension helpers
+    _extension = None
+
+_HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+_HAS_EXT = _HAS_SM90 and _extension is not None and _extension.load() is not None
+pytestmark = [
+    pytest.mark.skipif(not _HAS_SM90, reason="needs an SM90 (Hopper) GPU"),
+    pytest.mark.skipif(_HAS_SM90 and not _HAS_EXT, reason="torch_sm90_sdpa._C is not built"),
+    pytest.mark.gpu,
+]
+
+sdpa_backward = torch.ops.torch_sm90_sdpa.sdpa_backward
+DTYPES = [torch.float16, torch.bfloat16]
+HEAD_DIMS = [64, 96, 128, 192, 256]
+SEQ_PAIRS = [(1, 1), (17, 17), (128, 128), (1000, 1000), (4097, 4097), (17, 1000), (1000, 17),
+             (128, 4097), (4097, 128), (1, 1000), (1000, 1)]
+
+
+def need_variant(head_dim, dtype):
+    if not _extension.has_variant(head_dim, dtype):
+        pytest.skip(f"main kernel variant d={head_dim} {dtype} not compiled")
+
+
+def causal_mask(sq, sk, device):
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).tril()  # top-left, like SDPA
+
+
+def make_inputs(B, Hq, Hkv, Sq, Sk, D, dtype, layout="bhsd", seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
+
+    if layout == "packed":  # q, k, v sliced from one [B, S, 3, H, D] tensor
+        assert Hq == Hkv and Sq == Sk
+        qkv = randn(B, Sq, 3, Hq, D)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    elif layout == "bshd":
+        q = randn(B, Sq, Hq, D).transpose(1, 2)
+        k = randn(B, Sk, Hkv, D).transpose(1, 2)
+        v = randn(B, Sk, Hkv, D).transpose(1, 2)
+    else:
+        q, k, v = randn(B, Hq, Sq, D), randn(B, Hkv, Sk, D), randn(B, Hkv, Sk, D)
+    dout = randn(B, Hq, Sq, D)
+    return q, k, v, dout
+
+
+def reference(q, k, v, dout, is_causal, scale):
+    """float64: (out, lse, dq, dk, dv) of explicit attention."""
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    ke, ve = k64.repeat_interleave(g, 1), v64.repeat_interleave(g, 1)
+    s = (q64 @ ke.transpose(-1, -2)) * scale
+    if is_causal:
+        s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    o = torch.softmax(s, -1) @ ve
+    dq, dk, dv = torch.autograd.grad(o, (q64, k64, v64), dout.double())
+    return o.detach(), lse.detach(), dq, dk, dv
+
+
+def stock_forward(q, k, v, is_causal, scale):
+    """out (input dtype) and lse [B, Hq, Sq] from the stock fused forward (top-left causal)."""
+    if q.shape[1] == k.shape[1] and (not is_causal or q.shape[2] == k.shape[2]):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False,
+                                                                      scale=scale)[:2]
+        return out, lse
+    return torch.ops.torch_sm90_sdpa.sdpa(q, k, v, is_causal, scale, True)
+
+
+def stock_backward(q, k, v, dout, is_causal, scale):
+    """Gradients of the stock fused SDPA backward on the same inputs (kv heads expanded for GQA)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = q.shape[1] // k.shape[1]
+    qs, ks, vs = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    ke, ve = ks.repeat_interleave(g, 1), vs.repeat_interleave(g, 1)
+    sq, sk = q.shape[2], k.shape[2]
+    backends = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    with sdpa_kernel(backends):
+        if is_causal and sq != sk:
+            o = F.scaled_dot_product_attention(qs, ke, ve, attn_mask=causal_mask(sq, sk, q.device), scale=scale)
+        else:
+            o = F.scaled_dot_product_attention(qs, ke, ve, is_causal=is_causal, scale=scale)
+    return torch.autograd.grad(o, (qs, ks, vs), dout)
+
+
+def poison_allocator(*like):
+    """Leave NaN-filled blocks of the outputs' sizes in the caching allocator, so that
+    torch.empty_like inside the op most likely hands out NaN memory."""
+    blocks = [torch.full_like(t, float("nan")) for t in like for _ in range(2)]
+    del blocks
+
+
+def assert_close_to_reference(ours, stock, ref, name):
+    assert ours.shape == ref.shape and ours.dtype == stock.dtype, name
+    assert not torch.isnan(ours).any(), f"{name}: NaN"
+    assert torch.isfinite(ours).all(), f"{name}: inf"
+    o, s = ours.double(), stock.double()
+    ref_max = ref.abs().max().item() if ref.numel() else 0.0
+    err_max = (o - ref).abs().max().item() if ref.numel() else 0.0
+    stock_max = (s - ref).abs().max().item() if ref.numel() else 0.0
+    ref_norm = ref.norm().item()
+    err_norm = (o - ref).norm().item() / max(ref_norm, 1e-30)
+    stock_norm = (s - ref).norm().item() / max(ref_norm, 1e-30)
+    small = 1e-3 * ref_max + 1e-6
+    assert err_max <= 2 * stock_max + small, (
+        f"{name}: max abs err {err_max:.3e} > 2 * stock {stock_max:.3e} + {small:.1e} (ref max {ref_max:.3e})")
+    assert err_norm <= 2 * stock_norm + 1e-4, f"{name}: rel err {err_norm:.3e} > 2 * stock {stock_norm:.3e}"
+
+
+def run_case(B, Hq, Hkv, Sq, Sk, D, dtype, is_causal, layout="bhsd", seed=0, scale=None):
+    need_variant(D, dtype)
+    q, k, v, dout = make_inputs(B, Hq, Hkv, Sq, Sk, D, dtype, layout, seed)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    out, lse = stock_forward(q, k, v, is_causal, scale)
+    _, _, rdq, rdk, rdv = reference(q, k, v, dout, is_causal, scale)
+    sdq, sdk, sdv = stock_backward(q, k, v, dout, is_causal, scale)
+    poison_allocator(q, k, v)
+    dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, False)
+    # outputs come back with the input strides (empty_like)
+    assert dq.stride() == q.stride() or q.numel() == 0
+    for ours, st, ref, name in ((dq, sdq, rdq, "dq"), (dk, sdk, rdk, "dk"), (dv, sdv, rdv, "dv")):
+        assert_close_to_reference(ours, st, ref, name)
+    # repeated runs agree (fp32 atomics may reorder additions: rounding-level differences only)
+    dq2, dk2, dv2 = sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, False)
+    for a, b, name in ((dq, dq2, "dq"), (dk, dk2, "dk"), (dv, dv2, "dv")):
+        torch.testing.assert_close(a, b, atol=2e-3 * max(b.abs().max().item(), 1e-3), rtol=1e-2, msg=name)
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqs", SEQ_PAIRS, ids=[f"q{a}k{b}" for a, b in SEQ_PAIRS])
+def test_mha_against_fp64(dtype, head_dim, is_causal, seqs):
+    sq, sk = seqs
+    B, H = (1, 2) if max(sq, sk) > 2000 else (2, 3)
+    run_case(B, H, H, sq, sk, head_dim, dtype, is_causal, seed=sq * 7 + sk)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", [(8, 2), (8, 1)], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("seqs", [(1000, 1000), (333, 777), (777, 333)], ids=["s1000", "q333k777", "q777k333"])
+def test_gqa_against_fp64(dtype, head_dim, is_causal, heads, seqs):
+    run_case(2, heads[0], heads[1], seqs[0], seqs[1], head_dim, dtype, is_causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("layout", ["packed", "bshd"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_strided_views(dtype, head_dim, layout, is_causal):
+    dq, dk, dv = run_case(2, 4, 4, 1000, 1000, head_dim, dtype, is_causal, layout=layout)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_large_batch_times_heads(head_dim):
+    """B * H = 70000 CTAs per key block: the grid must not overflow gridDim.y/z."""
+    run_case(7000, 10, 10, 17, 17, head_dim, torch.bfloat16, True)
+
+
+def test_custom_scale_and_lse_layouts():
+    """A non-default scale, and an lse that is a strided view ([B, H, S, 1] like cuDNN's)."""
+    need_variant(128, torch.bfloat16)
+    q, k, v, dout = make_inputs(2, 4, 4, 500, 500, 128, torch.bfloat16, seed=3)
+    scale = 0.3
+    out, lse = stock_forward(q, k, v, True, scale)
+    lse4 = lse.unsqueeze(-1).contiguous()  # [B, H, S, 1]
+    _, _, rdq, rdk, rdv = reference(q, k, v, dout, True, scale)
+    sdq, sdk, sdv = stock_backward(q, k, v, dout, True, scale)
+    dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse4[..., 0], True, scale, False)
+    for ours, st, ref, name in ((dq, sdq, rdq, "dq"), (dk, sdk, rdk, "dk"), (dv, sdv, rdv, "dv")):
+        assert_close_to_reference(ours, st, ref, name)
+
+
+def test_expanded_kv_heads():
+    """k / v expanded along heads (stride 0): correct gradients or a clean error, never garbage."""
+    need_variant(128, torch.bfloat16)
+    q, k1, v1, dout = make_inputs(2, 4, 1, 300, 300, 128, torch.bfloat16, seed=5)
+    k, v = k1.expand(2, 4, 300, 128), v1.expand(2, 4, 300, 128)
+    scale = 1 / math.sqrt(128)
+    out, lse = stock_forward(q, k.contiguous(), v.contiguous(), False, scale)
+    try:
+        dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, False, scale, False)
+    except (RuntimeError, ValueError) as exc:  # refused: acceptable
+        assert "stride" in str(exc) or "expanded" in str(exc) or "support" in str(exc)
+        return
+    _, _, rdq, rdk, rdv = reference(q, k.contiguous(), v.contiguous(), dout, False, scale)
+    sdq, sdk, sdv = stock_backward(q, k.contiguous(), v.contiguous(), dout, False, scale)
+    for ours, st, ref, name in ((dq, sdq, rdq, "dq"), (dk, sdk, rdk, "dk"), (dv, sdv, rdv, "dv")):
+        assert_close_to_reference(ours, st, ref, name)
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 4, 100, 100), (2, 4, 4, 0, 100), (2, 4, 4, 100, 0)],
+                         ids=["batch0", "sq0", "sk0"])
+def test_empty(shape):
+    need_variant(128, torch.bfloat16)
+    B, Hq, Hkv, Sq, Sk = shape
+    q, k, v, dout = make_inputs(B, Hq, Hkv, Sq, Sk, 128, torch.bfloat16)
+    out = torch.zeros_like(dout)
+    lse = torch.zeros(B, Hq, Sq, device="cuda")
+    poison_allocator(q, k, v)
+    dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, False, 0.1, False)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    for t in (dq, dk, dv):
+        assert not torch.isnan(t).any() and (t == 0).all()
+
+
+def test_opcheck_cuda():
+    need_variant(128, torch.bfloat16)
+    q, k, v, dout = make_inputs(1, 2, 2, 200, 150, 128, torch.bfloat16, layout="bshd")
+    out, lse = stock_forward(q, k, v, False, 0.125)
+    torch.library.opcheck(sdpa_backward, (dout, q, k, v, out, lse, False, 0.125, False))
+    q, k, v, dout = make_inputs(1, 4, 2, 130, 130, 128, torch.bfloat16)
+    out, lse = stock_forward(q, k, v, True, 0.125)
+    torch.library.opcheck(sdpa_backward, (dout, q, k, v, out, lse, True, 0.125, False))
