@@ -1,0 +1,710 @@
+"""The torch.compile rewrite on CPU: enable(cpu=True) routes the CPU SDPA backward to the
+op's CPU reference, so the whole route (pass, op, Inductor, caches) runs for real.
+
+The CUDA rewrite (cuDNN / flash / efficient nodes) is checked on graphs of fake CUDA
+tensors (no GPU needed): the policy, the logsumexp views, the layouts.
+
+Every test that compiles gets a fresh TORCHINDUCTOR_CACHE_DIR and a Dynamo reset, and
+checks the ops that actually ran (torch.profiler), not only the graph the pass saw: on an
+FX graph cache hit the pass does not run at all.
+"""
+import collections
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from unittest import mock
+
+import expecttest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+import torch_sm90_sdpa
+from torch_sm90_sdpa import _extension, compile_pass, policy, routing
+from torch_sm90_sdpa.demo import AttentionOpRecorder, Block, TinyTransformer, lm_loss
+
+aten = torch.ops.aten
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def ran_attention_ops(fn):
+    """Run fn() under torch.profiler; 'name xN' of the attention ops that ran, sorted."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    names = collections.Counter(
+        e.name for e in prof.events()
+        if "scaled_dot_product" in e.name or e.name.startswith("torch_sm90_sdpa::")
+    )
+    return "\n".join(f"{n} x{c}" for n, c in sorted(names.items()))
+
+
+def backward_graph_ops(recorder):
+    """The attention ops of the recorded graphs that hold a backward op, one graph a line."""
+    lines = []
+    for ops in recorder.graphs:
+        if any("backward" in op for op in ops):
+            lines.append(", ".join(op.replace(".default", "") for op in ops))
+    return "\n".join(lines)
+
+
+class CompileTestCase(expecttest.TestCase):
+    """Fresh Inductor cache dir, Dynamo reset, counters cleared, routing off at start and end,
+    and a recorder pass (the 'user's pass') set before routing is enabled."""
+
+    def setUp(self):
+        super().setUp()
+        self._tmp = tempfile.mkdtemp(prefix="sm90_sdpa_inductor_")
+        self._env = mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": self._tmp})
+        self._env.start()
+        self._saved_pass = torch._inductor.config.post_grad_custom_post_pass
+        routing.disable()
+        self.recorder = AttentionOpRecorder()
+        torch._inductor.config.post_grad_custom_post_pass = self.recorder
+        torch._dynamo.reset()
+        counters.clear()
+        routing.reset_stats()
+
+    def tearDown(self):
+        routing.disable()
+        torch._inductor.config.post_grad_custom_post_pass = self._saved_pass
+        torch._dynamo.reset()
+        self._env.stop()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        super().tearDown()
+
+    def fx_cache(self):
+        c = counters["inductor"]
+        return (c["fxgraph_cache_miss"], c["fxgraph_cache_hit"], c["fxgraph_cache_bypass"])
+
+
+def param_grads(model):
+    return {n.replace("_orig_mod.", ""): p.grad.detach().clone()
+            for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_grads_close(test, got, want, rtol=1e-4, atol=1e-5):
+    test.assertEqual(sorted(got), sorted(want))
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=rtol, atol=atol, msg=name)
+
+
+class MixedAttention(nn.Module):
+    """Causal GQA self-attention, then full MHA self-attention plus causal cross-attention
+    to a context of another length (Sq != Sk), all through F.scaled_dot_product_attention."""
+
+    def __init__(self, dim=32, vocab=64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.ctx = nn.Embedding(vocab, dim)
+        self.blk0 = Block(dim, heads=4, kv_heads=2, causal=True)
+        self.blk1 = Block(dim, heads=4, kv_heads=4, causal=False, cross=True, cross_causal=True)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens, context_tokens):
+        ctx = self.ctx(context_tokens)
+        return self.head(self.blk1(self.blk0(self.embed(tokens)), ctx))
+
+
+class TestCpuRoute(CompileTestCase):
+    def test_transformer_backward_runs_our_op(self):
+        torch.manual_seed(0)
+        model = MixedAttention()
+        stock = MixedAttention()
+        stock.load_state_dict(model.state_dict())
+        tokens = torch.randint(0, 64, (2, 24))
+        context = torch.randint(0, 64, (2, 40))
+
+        torch_sm90_sdpa.enable(cpu=True)
+        compiled = torch.compile(model)
+        with self.assertLogs("torch_sm90_sdpa", level="INFO") as logs:
+            lm_loss(compiled(tokens, context), tokens).backward()
+        # the graph after the rewrite, recorded by the user's pass (which still runs)
+        self.assertExpectedInline(backward_graph_ops(self.recorder), """\
+torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward""")
+        self.assertEqual(sum("routed aten._scaled_dot_product_flash_attention_for_cpu_backward"
+                             in m for m in logs.output), 3, logs.output)
+        # gradients equal to stock (uncompiled, stock backward)
+        lm_loss(stock(tokens, context), tokens).backward()
+        assert_grads_close(self, param_grads(model), param_grads(stock))
+        # the ops that actually run in a step
+        model.zero_grad()
+        self.assertExpectedInline(
+            ran_attention_ops(lambda: lm_loss(compiled(tokens, context), tokens).backward()), """\
+aten::_scaled_dot_product_flash_attention_for_cpu x3
+torch_sm90_sdpa::sdpa_backward x3""")
+        stats = torch_sm90_sdpa.routing_stats()
+        self.assertEqual(stats["routed_calls"], 6)
+        self.assertEqual(stats["routed_nodes"], {"cpu_flash": 3})
+        self.assertEqual(stats["not_routed"], {})
+        self.assertEqual(self.fx_cache(), (2, 0, 0))
+
+    def test_ineligible_calls_keep_the_stock_op(self):
+        class Net(nn.Module):
+            def forward(self, q, k, v, mask):
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # a mask: stock
+                b = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3)  # CPU: math path
+                c = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # routed
+                return a + b + c
+
+        torch.manual_seed(1)
+        q, k, v = (torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(3))
+        mask = torch.randn(16, 16)
+        torch_sm90_sdpa.enable(cpu=True)
+        compiled = torch.compile(Net())
+        compiled(q, k, v, mask).sum().backward()
+        self.assertExpectedInline(backward_graph_ops(self.recorder), """\
+torch_sm90_sdpa.sdpa_backward, aten._scaled_dot_product_flash_attention_for_cpu_backward""")
+        stats = torch_sm90_sdpa.routing_stats()
+        self.assertEqual(stats["routed_nodes"], {"cpu_flash": 1})
+        self.assertEqual(stats["not_routed"], {policy.R_MASK: 1})
+
+    def test_dynamic_sequence_length(self):
+        torch.manual_seed(2)
+        model = TinyTransformer(vocab=64, dim=32, heads=4, kv_heads=2, layers=1)
+        stock = TinyTransformer(vocab=64, dim=32, heads=4, kv_heads=2, layers=1)
+        stock.load_state_dict(model.state_dict())
+        torch_sm90_sdpa.enable(cpu=True)
+        compiled = torch.compile(model)
+        for seqlen in (20, 33):
+            tokens = torch.randint(0, 64, (2, seqlen))
+            torch._dynamo.mark_dynamic(tokens, 1)
+            model.zero_grad()
+            stock.zero_grad()
+            lm_loss(compiled(tokens), tokens).backward()
+            lm_loss(stock(tokens), tokens).backward()
+            assert_grads_close(self, param_grads(model), param_grads(stock))
+        # one forward and one backward graph served both lengths
+        self.assertEqual(len(self.recorder.graphs), 2)
+        self.assertExpectedInline(backward_graph_ops(self.recorder),
+                                  """torch_sm90_sdpa.sdpa_backward""")
+        self.assertEqual(torch_sm90_sdpa.routing_stats()["routed_calls"], 2)
+
+    def test_enable_disable_between_compilations_cold_and_warm_cache(self):
+        """Routing follows enable/disable on a cold FX graph cache and on a warm one
+        (the cache key includes the pass's uuid); the cache is never bypassed."""
+        torch.manual_seed(3)
+        q, k, v = (torch.randn(2, 4, 12, 16, dtype=torch.bfloat16) for _ in range(3))
+        grad = torch.randn(2, 4, 12, 16, dtype=torch.bfloat16)
+
+        def f(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def compile_and_run():
+            torch._dynamo.reset()
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            fn = torch.compile(f)
+            fn(qq, kk, vv).backward(grad)  # compiles forward and backward
+            ran = ran_attention_ops(lambda: fn(qq, kk, vv).backward(grad))
+            return ran, qq.grad
+
+        qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+        f(qs, ks, vs).backward(grad)
+        ours = ("aten::_scaled_dot_product_flash_attention_for_cpu x1\n"
+                "torch_sm90_sdpa::sdpa_backward x1")
+        stock = ("aten::_scaled_dot_product_flash_attention_for_cpu x1\n"
+                 "aten::_scaled_dot_product_flash_attention_for_cpu_backward x1")
+        expected_cache = []
+        for enabled, cache in [(True, "cold"), (False, "cold"), (True, "warm"), (False, "warm")]:
+            if enabled:
+                torch_sm90_sdpa.enable(cpu=True)
+            else:
+                torch_sm90_sdpa.disable()
+            ran, dq = compile_and_run()
+            self.assertEqual(ran, ours if enabled else stock, (enabled, cache))
+            # the graph runs with qq's grad accumulated twice (two backward calls)
+            torch.testing.assert_close(dq, 2 * qs.grad, rtol=2e-2, atol=2e-2)
+            expected_cache.append(cache)
+            miss, hit, bypass = self.fx_cache()
+            self.assertEqual(bypass, 0)
+            self.assertEqual((miss, hit), (2 * expected_cache.count("cold"),
+                                           2 * expected_cache.count("warm")), (enabled, cache))
+        # the warm enabled run counted its calls although the pass did not run
+        stats = torch_sm90_sdpa.routing_stats()
+        self.assertEqual(stats["routed_calls"], 4)
+        self.assertEqual(stats["routed_nodes"], {"cpu_flash": 1})
+
+    def test_layout_copy_when_strides_differ(self):
+        """The CPU stock backward returns [B, S, H, D] memory; for a [B, H, S, D]-contiguous
+        query our empty_like outputs differ, so the pass copies them into that layout."""
+        torch.manual_seed(4)
+        seen = {}
+
+        def record(graph):
+            seen["ops"] = [str(n.target).replace(".default", "") for n in graph.nodes
+                           if n.op == "call_function" and "getitem" not in str(n.target)]
+            seen["strides"] = [tuple(n.meta["val"].stride()) for n in graph.nodes
+                               if n.op == "output" for n in n.args[0] if n is not None]
+
+        class Rec(torch._inductor.custom_graph_pass.CustomGraphPass):
+            def __call__(self, graph):
+                if any("backward" in str(n.target) for n in graph.nodes):
+                    record(graph)
+
+            def uuid(self):
+                return "layout-recorder"
+
+        torch._inductor.config.post_grad_custom_post_pass = Rec()
+        torch_sm90_sdpa.enable(cpu=True)
+        q = torch.randn(1, 2, 8, 4, requires_grad=True)
+        k = torch.randn(1, 2, 8, 4, requires_grad=True)
+        v = torch.randn(1, 2, 8, 4, requires_grad=True)
+        out = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v))(q, k, v)
+        out.backward(torch.ones_like(out))
+        self.assertExpectedInline("\n".join(seen["ops"]), """\
+torch_sm90_sdpa.sdpa_backward
+aten.permute
+aten.clone
+aten.permute
+aten.permute
+aten.clone
+aten.permute
+aten.permute
+aten.clone
+aten.permute""")
+        # the stock op's layout: [B, S, H, D] memory
+        self.assertEqual(seen["strides"], [(64, 4, 8, 1)] * 3)
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        F.scaled_dot_product_attention(q, k, v).backward(torch.ones_like(out))
+        for g, t in zip(grads, (q, k, v)):
+            torch.testing.assert_close(g, t.grad, rtol=1e-4, atol=1e-5)
+
+
+class TestSwitch(unittest.TestCase):
+    def setUp(self):
+        self._saved = torch._inductor.config.post_grad_custom_post_pass
+        routing.disable()
+
+    def tearDown(self):
+        routing.disable()
+        torch._inductor.config.post_grad_custom_post_pass = self._saved
+
+    def test_enable_disable_idempotent_and_chained(self):
+        user = AttentionOpRecorder()
+        torch._inductor.config.post_grad_custom_post_pass = user
+        state = torch_sm90_sdpa.enable()
+        ours = torch._inductor.config.post_grad_custom_post_pass
+        self.assertIsInstance(ours, compile_pass.SdpaBackwardRewrite)
+        self.assertIs(ours.user_pass, user)
+        torch_sm90_sdpa.enable()
+        self.assertIs(torch._inductor.config.post_grad_custom_post_pass, ours)  # idempotent
+        torch_sm90_sdpa.enable(cpu=True)
+        cpu_pass = torch._inductor.config.post_grad_custom_post_pass
+        self.assertTrue(cpu_pass.cpu)
+        self.assertIs(cpu_pass.user_pass, user)  # not chained twice
+        self.assertNotEqual(cpu_pass.uuid(), ours.uuid())
+        torch_sm90_sdpa.disable()
+        self.assertIs(torch._inductor.config.post_grad_custom_post_pass, user)
+        torch_sm90_sdpa.disable()
+        self.assertIs(torch._inductor.config.post_grad_custom_post_pass, user)
+        self.assertIsNotNone(state)
+
+    def test_enable_as_context_manager_restores(self):
+        self.assertFalse(routing.is_enabled())
+        with torch_sm90_sdpa.enable(cpu=True):
+            self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True})
+            with torch_sm90_sdpa.enable():
+                self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": False})
+            self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True})
+        self.assertEqual(routing.routing_options(), {"enabled": False, "cpu": False})
+
+    def test_user_pass_still_runs(self):
+        calls = []
+
+        class User(torch._inductor.custom_graph_pass.CustomGraphPass):
+            def __call__(self, graph):
+                calls.append(graph)
+
+            def uuid(self):
+                return "user"
+
+        torch._inductor.config.post_grad_custom_post_pass = User()
+        torch_sm90_sdpa.enable()
+        g = torch.fx.Graph()
+        g.output(g.placeholder("x"))
+        torch._inductor.config.post_grad_custom_post_pass(g)
+        self.assertEqual(calls, [g])
+
+    def test_uuid_none_for_a_user_pass_without_uuid(self):
+        """Inductor bypasses the FX graph cache for a plain callable pass; chained, so do we."""
+        torch._inductor.config.post_grad_custom_post_pass = lambda graph: None
+        torch_sm90_sdpa.enable()
+        self.assertIsNone(torch._inductor.config.post_grad_custom_post_pass.uuid())
+
+    def test_uuid_tracks_everything_that_decides_routing(self):
+        base = compile_pass.SdpaBackwardRewrite(cpu=False).uuid()
+        self.assertEqual(base, compile_pass.SdpaBackwardRewrite(cpu=False).uuid())
+        self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite(cpu=True).uuid())
+        info = dict(_extension.build_info())
+        info["variants"] = list(info["variants"]) + [("bf16", 1000)]
+        with mock.patch.object(_extension, "build_info", lambda: info):
+            self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite().uuid())
+        with mock.patch.object(torch, "__version__", "9.9.9"):
+            self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite().uuid())
+        with mock.patch.object(policy, "CUDA_DETERMINISTIC_SUPPORTED", True):
+            self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite().uuid())
+        with mock.patch.object(policy, "device_capability", lambda dev: (9, 0)), \
+                mock.patch.object(torch.cuda, "is_available", lambda: True), \
+                mock.patch.object(torch.cuda, "is_initialized", lambda: True), \
+                mock.patch.object(torch.cuda, "device_count", lambda: 1):
+            self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite().uuid())
+        with tempfile.TemporaryDirectory() as d:  # a source edit
+            copies = []
+            for src in compile_pass._SOURCE_FILES:
+                dst = os.path.join(d, os.path.basename(src))
+                shutil.copy(src, dst)
+                copies.append(dst)
+            with mock.patch.object(compile_pass, "_SOURCE_FILES", tuple(copies)):
+                same = compile_pass.SdpaBackwardRewrite().uuid()
+                with open(copies[1], "a") as f:
+                    f.write("\n# edited\n")
+                edited = compile_pass.SdpaBackwardRewrite().uuid()
+            self.assertEqual(same, base)
+            self.assertNotEqual(edited, base)
+        user = AttentionOpRecorder()
+        self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite(user_pass=user).uuid())
+
+    def test_routing_stats_reset(self):
+        routing.reset_stats()
+        compile_pass.decision_counts[("not routed", "x")] += 1
+        torch_sm90_sdpa.ops.routed_calls["cpu"] += 2
+        stats = torch_sm90_sdpa.routing_stats(reset=True)
+        self.assertEqual(stats["not_routed"], {"x": 1})
+        self.assertEqual(stats["routed_calls"], 2)
+        after = torch_sm90_sdpa.routing_stats()
+        self.assertEqual((after["routed_calls"], after["not_routed"]), (0, {}))
+
+    def test_env_var(self):
+        self.assertIsNone(routing.apply_env("0"))
+        self.assertFalse(routing.is_enabled())
+        routing.apply_env("cpu")
+        self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True})
+        routing.disable()
+        routing.apply_env("1")
+        self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": False})
+        routing.disable()
+        with self.assertWarns(UserWarning):
+            routing.apply_env("maybe")
+        self.assertFalse(routing.is_enabled())
+
+    def test_env_var_at_import(self):
+        code = ("import torch, torch_sm90_sdpa; "
+                "p = torch._inductor.config.post_grad_custom_post_pass; "
+                "print(type(p).__name__, p.cpu)")
+        env = dict(os.environ, TORCH_SM90_SDPA="cpu",
+                   PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300)
+        self.assertEqual(out.stdout.strip(), "SdpaBackwardRewrite True", out.stderr)
+
+
+# ---------------------------------------------------------------------------------------
+# the CUDA rewrite on fake CUDA tensors
+# ---------------------------------------------------------------------------------------
+
+FAKE_VARIANTS = {(64, torch.bfloat16), (64, torch.float16), (128, torch.bfloat16)}
+
+
+def _fake_sm90(test):
+    """Pretend this machine has an SM90 GPU and kernels for FAKE_VARIANTS."""
+    info = dict(_extension.build_info(), variants=[("bf16", 64), ("fp16", 64), ("bf16", 128)])
+    patches = [
+        mock.patch.object(policy, "device_capability",
+                          lambda dev: (9, 0) if dev.type == "cuda" else None),
+        mock.patch.object(_extension, "load", lambda: object()),
+        mock.patch.object(_extension, "has_variant", lambda d, dt: (d, dt) in FAKE_VARIANTS),
+        mock.patch.object(_extension, "build_info", lambda: info),
+    ]
+    for p in patches:
+        p.start()
+        test.addCleanup(p.stop)
+
+
+def trace_backward(backend, b=2, hq=4, hkv=4, sq=17, sk=17, d=64, dtype=torch.bfloat16,
+                   causal=True, dropout=0.0, bias=False, layout="bshd", scale=None,
+                   shape_env=None):
+    """An FX graph (fake CUDA tensors in node.meta['val']) of a stock forward + backward op,
+    as a post-grad graph holds them. Returns (graph module, fake mode)."""
+    mode = FakeTensorMode(shape_env=shape_env)
+
+    def make(h, s):
+        with mode:
+            if layout == "bshd":
+                return torch.empty(b, s, h, d, dtype=dtype, device="cuda").transpose(1, 2)
+            return torch.empty(b, h, s, d, dtype=dtype, device="cuda")
+
+    q, k, v = make(hq, sq), make(hkv, sk), make(hkv, sk)
+    go = make(hq, sq)
+    attn_bias = None
+    if bias:
+        with mode:
+            attn_bias = torch.empty(b, hq, sq, sk, dtype=dtype, device="cuda")
+
+    def fn(q, k, v, go, attn_bias):
+        if backend == "cudnn":
+            o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_cudnn_attention(
+                q, k, v, attn_bias, True, dropout, causal, False, scale=scale)
+            return aten._scaled_dot_product_cudnn_attention_backward(
+                go, q, k, v, o, lse, seed, off, attn_bias, cq, ck, mq, mk, dropout, causal,
+                scale=scale)
+        if backend == "flash":
+            o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_flash_attention(
+                q, k, v, dropout, causal, False, scale=scale)
+            return aten._scaled_dot_product_flash_attention_backward(
+                go, q, k, v, o, lse, cq, ck, mq, mk, dropout, causal, seed, off, scale=scale)
+        o, lse, seed, off = aten._scaled_dot_product_efficient_attention(
+            q, k, v, attn_bias, True, dropout, causal, scale=scale)
+        return aten._scaled_dot_product_efficient_attention_backward(
+            go, q, k, v, attn_bias, o, lse, seed, off, dropout,
+            [True, True, True, attn_bias is not None], causal, scale=scale)
+
+    with mode:
+        gm = make_fx(fn)(q, k, v, go, attn_bias)
+    return gm, mode
+
+
+def graph_ops(gm):
+    return "\n".join(
+        str(n.target).replace(".default", "") for n in gm.graph.nodes
+        if n.op == "call_function" and "getitem" not in str(n.target)
+    )
+
+
+def output_layouts(gm):
+    (outs,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+    return [None if o is None else (tuple(o.meta["val"].shape), tuple(o.meta["val"].stride()))
+            for o in outs]
+
+
+class TestCudaRewriteOnFakeTensors(expecttest.TestCase):
+    def setUp(self):
+        super().setUp()
+        _fake_sm90(self)
+        routing.reset_stats()
+
+    def rewrite(self, gm):
+        before = output_layouts(gm)
+        results = compile_pass.rewrite_graph(gm.graph)
+        gm.graph.lint()
+        gm.recompile()
+        self.assertEqual(output_layouts(gm), before)  # every output keeps shape and strides
+        return [(b, d.reason or "routed") for b, d in results]
+
+    def test_cudnn(self):
+        gm, _ = trace_backward("cudnn", hq=8, hkv=2)  # GQA
+        self.assertEqual(self.rewrite(gm), [("cudnn", "routed")])
+        self.assertExpectedInline(graph_ops(gm), """\
+aten._scaled_dot_product_cudnn_attention
+aten.select.int
+torch_sm90_sdpa.sdpa_backward""")
+        (node,) = [n for n in gm.graph.nodes if n.target is compile_pass.OUR_OP]
+        lse = node.args[5]
+        self.assertEqual(tuple(lse.meta["val"].shape), (2, 8, 17))
+        self.assertEqual(node.args[6:], (True, 1 / math.sqrt(64), False))
+
+    def test_flash(self):
+        gm, _ = trace_backward("flash", d=128, causal=False, scale=0.3, sq=33, sk=65)
+        self.assertEqual(self.rewrite(gm), [("flash", "routed")])
+        self.assertExpectedInline(graph_ops(gm), """\
+aten._scaled_dot_product_flash_attention
+torch_sm90_sdpa.sdpa_backward""")
+        (node,) = [n for n in gm.graph.nodes if n.target is compile_pass.OUR_OP]
+        self.assertEqual(node.args[6:8], (False, 0.3))
+
+    def test_efficient_lse_sliced_and_layout_kept(self):
+        # efficient's grads are [B, S, H, D] memory; a [B, H, S, D] query needs copies
+        gm, _ = trace_backward("efficient", dtype=torch.float16, layout="bhsd", sq=17)
+        self.assertEqual(self.rewrite(gm), [("efficient", "routed")])
+        self.assertExpectedInline(graph_ops(gm), """\
+aten._scaled_dot_product_efficient_attention
+aten.slice.Tensor
+torch_sm90_sdpa.sdpa_backward
+aten.permute
+aten.clone
+aten.permute
+aten.permute
+aten.clone
+aten.permute
+aten.permute
+aten.clone
+aten.permute""")
+        (sl,) = [n for n in gm.graph.nodes if n.target is aten.slice.Tensor]
+        self.assertEqual(tuple(sl.args[0].meta["val"].shape), (2, 4, 32))  # padded
+        self.assertEqual(tuple(sl.meta["val"].shape), (2, 4, 17))
+
+    def test_dynamic_shapes(self):
+        """Symbolic batch and sequence lengths: the lse slice takes a sym_size node."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+        env = ShapeEnv()
+        mode = FakeTensorMode(shape_env=env)
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.DYNAMIC,
+                                                      DimDynamic.STATIC, DimDynamic.STATIC])
+        base = mode.from_tensor(torch.empty(2, 40, 4, 64), symbolic_context=ctx)
+        with mode:
+            x = torch.empty(base.shape, device="cuda", dtype=torch.bfloat16)
+            q = x.transpose(1, 2)
+            go = torch.empty_like(q)
+
+        def fn(q, go):
+            o, lse, seed, off = aten._scaled_dot_product_efficient_attention(
+                q, q, q, None, True, 0.0, True)
+            return aten._scaled_dot_product_efficient_attention_backward(
+                go, q, q, q, None, o, lse, seed, off, 0.0, [True, True, True, False], True)
+
+        with mode:
+            gm = make_fx(fn)(q, go)
+        self.assertEqual(self.rewrite(gm), [("efficient", "routed")])
+        self.assertIn("aten.sym_size.int", graph_ops(gm))
+        (node,) = [n for n in gm.graph.nodes if n.target is compile_pass.OUR_OP]
+        self.assertEqual(str(node.args[5].meta["val"].shape), str(q.shape[:3]))
+
+    def test_ineligible(self):
+        cases = {
+            "dropout": dict(backend="flash", dropout=0.1),
+            "attn_bias": dict(backend="efficient", bias=True),
+            "cudnn bias": dict(backend="cudnn", bias=True),
+            "head dim not compiled": dict(backend="cudnn", d=96),
+            "fp16 d128 not compiled": dict(backend="cudnn", d=128, dtype=torch.float16),
+            "fp32": dict(backend="efficient", dtype=torch.float32),
+            "flash causal Sq != Sk": dict(backend="flash", sq=16, sk=32, causal=True),
+        }
+        got = {}
+        for name, kw in cases.items():
+            gm, _ = trace_backward(**kw)
+            before = graph_ops(gm)
+            got[name] = self.rewrite(gm)[0][1]
+            self.assertEqual(graph_ops(gm), before, name)  # untouched
+        self.assertExpectedInline("\n".join(f"{k}: {v}" for k, v in got.items()), """\
+dropout: dropout_p > 0
+attn_bias: attn_mask / attn_bias
+cudnn bias: attn_mask / attn_bias
+head dim not compiled: head dim not compiled
+fp16 d128 not compiled: head dim not compiled
+fp32: dtype
+flash causal Sq != Sk: causal with Sq != Sk (flash aligns bottom-right)""")
+        self.assertEqual(sum(torch_sm90_sdpa.routing_stats()["not_routed"].values()), len(cases))
+
+    def test_not_sm90(self):
+        with mock.patch.object(policy, "device_capability", lambda dev: (8, 0)):
+            gm, _ = trace_backward("cudnn")
+            self.assertEqual(self.rewrite(gm), [("cudnn", policy.R_NOT_SM90)])
+
+    def test_deterministic(self):
+        gm, _ = trace_backward("flash")
+        torch.use_deterministic_algorithms(True)
+        try:
+            self.assertEqual(self.rewrite(gm), [("flash", policy.R_DETERMINISTIC)])
+        finally:
+            torch.use_deterministic_algorithms(False)
+
+    def test_cpu_node_needs_the_cpu_route(self):
+        def fn(q):
+            o, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, True)
+            return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                o, q, q, q, o, lse, 0.0, True)
+
+        gm = make_fx(fn, tracing_mode="fake")(torch.randn(1, 2, 8, 4))
+        results = compile_pass.rewrite_graph(gm.graph, cpu_route=False)
+        self.assertEqual([d.reason for _, d in results], [policy.R_CPU_ROUTE_OFF])
+        results = compile_pass.rewrite_graph(gm.graph, cpu_route=True)
+        self.assertTrue(results[0][1].routed)
+
+
+class TestPolicy(unittest.TestCase):
+    """decide() on plain descriptions (TensorSpec): the CUDA rules without a GPU."""
+
+    def setUp(self):
+        _fake_sm90(self)
+
+    def call(self, d=64, dtype=torch.bfloat16, device="cuda:0", backend="cudnn", **kw):
+        b, h, s = 2, 4, 33
+        t = policy.TensorSpec((b, h, s, d), dtype, device, strides=(s * h * d, d, h * d, 1))
+        lse_shape = {"cudnn": (b, h, s, 1), "efficient": (b, h, 64)}.get(backend, (b, h, s))
+        lse = policy.TensorSpec(lse_shape, torch.float32, device)
+        fields = dict(backend=backend, grad_out=t, q=t, k=t, v=t, out=t, lse=lse, is_causal=True)
+        fields.update(kw)
+        return policy.AttentionBackwardCall(**fields)
+
+    def test_eligible(self):
+        for backend in policy.CUDA_BACKENDS:
+            self.assertTrue(policy.decide(self.call(backend=backend)), backend)
+
+    def test_reasons(self):
+        bad_stride = policy.TensorSpec((2, 4, 33, 64), torch.bfloat16, "cuda:0",
+                                       strides=(33 * 4 * 68, 68 * 33, 68, 1))  # 68 % 8 != 0
+        odd_offset = policy.TensorSpec((2, 4, 33, 64), torch.bfloat16, "cuda:0", offset=4)
+        expanded = policy.TensorSpec((2, 4, 33, 64), torch.bfloat16, "cuda:0",
+                                     strides=(33 * 64, 0, 64, 1))  # heads broadcast
+        col_major = policy.TensorSpec((2, 4, 33, 64), torch.bfloat16, "cuda:0",
+                                      strides=(4 * 33 * 64, 33 * 64, 1, 33))
+        cases = [
+            (self.call(d=96), policy.R_VARIANT),
+            (self.call(dtype=torch.float32), policy.R_DTYPE),
+            (self.call(device="cpu"), policy.R_DEVICE),
+            (self.call(dropout_p=0.5), policy.R_DROPOUT),
+            (self.call(has_mask=True), policy.R_MASK),
+            (self.call(nested=True), policy.R_NESTED),
+            (self.call(deterministic=True), policy.R_DETERMINISTIC),
+            (self.call(q=bad_stride), policy.R_ALIGN),
+            (self.call(k=odd_offset), policy.R_ALIGN),
+            (self.call(grad_out=col_major), policy.R_LAST_DIM),
+            (self.call(k=expanded), policy.R_STRIDE0),
+            (self.call(backend="cpu_flash"), policy.R_CPU_ROUTE_OFF),
+        ]
+        for call, reason in cases:
+            self.assertEqual(policy.decide(call).reason, reason)
+        with mock.patch.object(_extension, "load", lambda: None), \
+                mock.patch.object(_extension, "unavailable_reason", lambda: "not built"):
+            self.assertEqual(policy.decide(self.call()).reason, policy.R_NOT_BUILT)
+        with mock.patch.object(policy, "device_capability", lambda dev: (10, 0)):
+            self.assertEqual(policy.decide(self.call()).reason, policy.R_NOT_SM90)
+
+    def test_cpu_route_any_dtype_and_head_dim(self):
+        for dtype in policy.CPU_DTYPES:
+            lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+            t = policy.TensorSpec((1, 2, 5, 12), dtype, "cpu")
+            lse = policy.TensorSpec((1, 2, 5), lse_dtype, "cpu")
+            call = policy.AttentionBackwardCall("cpu_flash", t, t, t, t, t, lse, is_causal=False)
+            self.assertTrue(policy.decide(call, cpu_route=True), dtype)
+
+
+class TestCommandLine(unittest.TestCase):
+    def run_cli(self, *args, timeout=600):
+        env = dict(os.environ,
+                   PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+        with tempfile.TemporaryDirectory() as d:
+            env["TORCHINDUCTOR_CACHE_DIR"] = d
+            return subprocess.run([sys.executable, "-m", "torch_sm90_sdpa", *args], env=env,
+                                  capture_output=True, text=True, timeout=timeout)
+
+    def test_info(self):
+        out = self.run_cli("info")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("build_info():", out.stdout)
+        self.assertIn("what would be routed", out.stdout)
+
+    def test_demo_cpu(self):
+        out = self.run_cli("demo", "--device", "cpu", "--steps", "2", "--seq-len", "16",
+                           "--dim", "32", "--layers", "1")
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn("CPU route", out.stdout)
+        self.assertIn("replaced: 1 x aten._scaled_dot_product_flash_attention_for_cpu_backward",
+                      out.stdout)
+        self.assertIn("step 2/2", out.stderr)
+        self.assertIn("OK", out.stdout)
+
+
+if __name__ == "__main__":
+    expecttest.run_tests() if hasattr(expecttest, "run_tests") else unittest.main()

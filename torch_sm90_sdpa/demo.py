@@ -1,0 +1,410 @@
+"""``python -m torch_sm90_sdpa demo``: train a small compiled transformer with the rewrite.
+
+What it shows, in order:
+
+1. where it runs: on an SM90 GPU with a compiled kernel for the model's head dim, the
+   CUDA route (bf16 autocast); anywhere else the CPU route (``enable(cpu=True)``: the
+   op's CPU reference, fp32), and it says so;
+2. the stock attention backward ops of the compiled backward graph that were replaced
+   (recorded from the graph after the rewrite) and :func:`routing_stats`;
+3. gradient agreement: each parameter's gradient of the first step against an uncompiled
+   stock run (max relative error = max |g - g_stock| / max |g_stock|), next to the
+   compiled-stock error (the noise of compilation alone) where a compiled stock model runs;
+4. the training steps, one line each on stderr (loss, step time);
+5. on Hopper: step time and attention-backward GPU time (torch.profiler) against the same
+   model compiled without the rewrite, interleaved.
+
+The model (:class:`TinyTransformer`) is also what the tests compile.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import sys
+import time
+from typing import Optional
+
+import torch
+import torch._inductor.config
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from . import _extension, policy, routing
+
+
+# ---------------------------------------------------------------------------------------
+# the model
+# ---------------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """Multi-head attention through F.scaled_dot_product_attention; GQA when
+    kv_heads < heads; cross-attention when called with a context."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: Optional[int] = None,
+                 causal: bool = False, dropout: float = 0.0):
+        super().__init__()
+        self.heads, self.kv_heads = heads, kv_heads or heads
+        self.head_dim = dim // heads
+        self.causal, self.dropout = causal, dropout
+        self.wq = nn.Linear(dim, heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, self.kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, self.kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x, context=None, attn_mask=None):
+        b, s, _ = x.shape
+        src = x if context is None else context
+        sk = src.shape[1]
+        q = self.wq(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.wk(src).view(b, sk, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(src).view(b, sk, self.kv_heads, self.head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=self.causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=self.heads != self.kv_heads,
+        )
+        return self.wo(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, kv_heads: Optional[int] = None,
+                 causal: bool = True, cross: bool = False, cross_causal: bool = False):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, kv_heads, causal=causal)
+        self.cross = None
+        if cross:
+            self.norm_c = nn.LayerNorm(dim)
+            self.cross = Attention(dim, heads, kv_heads, causal=cross_causal)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x, context=None):
+        x = x + self.attn(self.norm1(x))
+        if self.cross is not None:
+            x = x + self.cross(self.norm_c(x), context)
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyTransformer(nn.Module):
+    """A token language model: embedding, `layers` blocks (causal self-attention; with
+    `cross`, the odd blocks also attend to a separate context of another length), head."""
+
+    def __init__(self, vocab: int = 256, dim: int = 64, heads: int = 4,
+                 kv_heads: Optional[int] = None, layers: int = 2, cross: bool = False,
+                 causal: bool = True):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, kv_heads, causal=causal, cross=cross and i % 2 == 1)
+            for i in range(layers)
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens, context=None):
+        x = self.embed(tokens)
+        for blk in self.blocks:
+            x = blk(x, context)
+        return self.head(self.norm(x))
+
+
+def lm_loss(logits, tokens):
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
+# ---------------------------------------------------------------------------------------
+# recording the backward graphs' attention ops
+# ---------------------------------------------------------------------------------------
+
+ATTENTION_BACKWARD_TARGETS = {str(op) for op in policy.STOCK_BACKWARD_OPS.values()} | {
+    "torch_sm90_sdpa.sdpa_backward.default"
+}
+
+
+class AttentionOpRecorder(CustomGraphPass):
+    """A post-grad pass (set it before ``enable()``: it then runs after the rewrite) that
+    records the attention ops of each graph Inductor compiles. Nothing on a cache hit."""
+
+    def __init__(self):
+        self.graphs: list = []
+
+    def __call__(self, graph):
+        self.graphs.append([
+            str(n.target) for n in graph.nodes
+            if n.op == "call_function"
+            and ("attention" in str(n.target) or str(n.target).startswith("torch_sm90_sdpa."))
+        ])
+
+    def uuid(self):
+        return "torch_sm90_sdpa.demo.AttentionOpRecorder"
+
+    def backward_ops(self) -> list:
+        return [op for g in self.graphs for op in g if op in ATTENTION_BACKWARD_TARGETS]
+
+
+# ---------------------------------------------------------------------------------------
+# the demo
+# ---------------------------------------------------------------------------------------
+
+
+def _say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _pick_device(requested: str, head_dim: int, dtype: torch.dtype):
+    """(device, why) -- cuda only on SM90 with a compiled variant for the head dim."""
+    cap = policy.device_capability(torch.device("cuda")) if torch.cuda.is_available() else None
+    if requested == "cpu":
+        return "cpu", "--device cpu"
+    if cap != (9, 0):
+        why = ("no CUDA GPU" if cap is None else f"the GPU has compute capability {cap}, "
+               "not 9.0 (Hopper)")
+        if requested == "cuda" and cap is not None:
+            return "cuda", f"--device cuda on a non-Hopper GPU ({why}): nothing will be routed"
+        return "cpu", why
+    if not _extension.has_variant(head_dim, dtype):
+        why = (f"no compiled SM90 kernel for head dim {head_dim} {dtype} "
+               f"({_extension.unavailable_reason() or _extension.build_info()['variants']})")
+        if requested == "cuda":
+            return "cuda", why + ": nothing will be routed"
+        return "cpu", why
+    return "cuda", "SM90 GPU with a compiled kernel for the head dim"
+
+
+def grad_errors(model_a: nn.Module, model_b: nn.Module) -> dict:
+    """name -> max |g_a - g_b| / max |g_b| of every parameter gradient."""
+    errs = {}
+    pb = dict(model_b.named_parameters())
+    for name, p in model_a.named_parameters():
+        ga, gb = p.grad, pb[name].grad
+        if ga is None or gb is None:
+            errs[name] = float("nan")
+            continue
+        denom = gb.detach().float().abs().max().item()
+        diff = (ga.detach().float() - gb.detach().float()).abs().max().item()
+        errs[name] = diff / max(denom, 1e-30)
+    return errs
+
+
+def _strip_compile_prefix(name: str) -> str:
+    return name.replace("_orig_mod.", "")
+
+
+def _step(model, tokens, opt, autocast_dtype, device):
+    with torch.autocast(device_type=device, dtype=autocast_dtype,
+                        enabled=autocast_dtype is not None):
+        loss = lm_loss(model(tokens), tokens)
+    loss.backward()
+    if opt is not None:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def _time_cuda(fn, iters: int) -> float:
+    """Median ms per call with CUDA events."""
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _attention_backward_ms(fn, iters: int) -> float:
+    """GPU time per call of the attention backward ops (stock or ours), torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    names = ("_scaled_dot_product_cudnn_attention_backward",
+             "_scaled_dot_product_flash_attention_backward",
+             "_scaled_dot_product_efficient_attention_backward",
+             "torch_sm90_sdpa::sdpa_backward")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    total_us = 0.0
+    for ev in prof.key_averages():
+        if any(n in ev.key for n in names):
+            total_us += getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0.0))
+    return total_us / 1000.0 / iters
+
+
+def run(args) -> int:
+    head_dim = args.dim // args.heads
+    cuda_dtype = torch.bfloat16
+    device, why = _pick_device(args.device, head_dim, cuda_dtype)
+    cpu_route = device == "cpu"
+    autocast_dtype = cuda_dtype if device == "cuda" else None
+
+    _say(f"torch_sm90_sdpa demo: torch {torch.__version__}")
+    if cpu_route:
+        _say(f"device: CPU -- {why}.")
+        _say("  Running the CPU route (enable(cpu=True)): the stock CPU attention backward is "
+             "replaced by torch_sm90_sdpa's CPU reference kernel (fp32). This checks the "
+             "rewrite end to end; it says nothing about speed.")
+    else:
+        _say(f"device: {torch.cuda.get_device_name()} -- {why}; bf16 autocast.")
+    _say(f"model: {args.layers} blocks, dim {args.dim}, {args.heads} heads of {head_dim}, "
+         f"{args.kv_heads or args.heads} kv heads, causal; batch {args.batch}, "
+         f"seq len {args.seq_len}; {args.steps} steps")
+
+    torch.manual_seed(args.seed)
+    base = TinyTransformer(vocab=args.vocab, dim=args.dim, heads=args.heads,
+                           kv_heads=args.kv_heads, layers=args.layers).to(device)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq_len), device=device)
+
+    # 1. uncompiled stock reference gradients of the first step
+    stock = copy.deepcopy(base)
+    _step(stock, tokens, None, autocast_dtype, device)
+
+    # 2. compiled with the rewrite (a recorder pass, set first, sees the graph after it)
+    recorder = AttentionOpRecorder()
+    saved_pass = torch._inductor.config.post_grad_custom_post_pass
+    torch._inductor.config.post_grad_custom_post_pass = recorder
+    routing.routing_stats(reset=True)
+    routed_model = copy.deepcopy(base)
+    compiled = torch.compile(routed_model)
+    opt = torch.optim.AdamW(routed_model.parameters(), lr=args.lr)
+    try:
+        with routing.enable(cpu=cpu_route):
+            t0 = time.perf_counter()
+            loss = _step(compiled, tokens, None, autocast_dtype, device)  # compiles fwd + bwd
+            if device == "cuda":
+                torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+    finally:
+        torch._inductor.config.post_grad_custom_post_pass = saved_pass
+    errs = grad_errors(routed_model, stock)
+    stats = routing.routing_stats()
+
+    # 3. what was replaced
+    _say("")
+    _say(f"compiled in {compile_s:.1f} s (first step: forward + backward)")
+    bw = recorder.backward_ops()
+    _say("attention backward in the compiled backward graph, after the rewrite:")
+    if recorder.graphs:
+        for op in sorted(set(bw)):
+            _say(f"  {bw.count(op)} x {op}")
+        for backend, n in stats["routed_nodes"].items():
+            _say(f"  replaced: {n} x {policy.STOCK_BACKWARD_OPS[backend]} "
+                 "-> torch_sm90_sdpa.sdpa_backward")
+        for reason, n in stats["not_routed"].items():
+            _say(f"  kept stock: {n} x ({reason})")
+    else:
+        _say("  (the graphs came from Inductor's FX graph cache, compiled earlier with the same "
+             "routing: the pass did not run, so there is no graph to show)")
+    first_calls = stats["routed_calls"]
+    _say(f"  torch_sm90_sdpa.sdpa_backward ran {first_calls} times in the first backward "
+         f"({len(base.blocks)} attention layers)")
+    _say(f"routing_stats(): {stats}")
+
+    # 4. gradients
+    _say("")
+    _say("gradient agreement with uncompiled stock (max |g - g_stock| / max |g_stock|):")
+    width = max(len(_strip_compile_prefix(n)) for n in errs)
+    for name, e in errs.items():
+        _say(f"  {_strip_compile_prefix(name):<{width}}  {e:.2e}")
+    worst = max(errs.values())
+    _say(f"  worst: {worst:.2e}")
+
+    # 5. training
+    _say("")
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    _progress(f"step 1/{args.steps}  loss {loss.item():.4f}  (compile)")
+    for i in range(1, args.steps):
+        t0 = time.perf_counter()
+        loss = _step(compiled, tokens, opt, autocast_dtype, device)
+        lv = loss.item()
+        _progress(f"step {i + 1}/{args.steps}  loss {lv:.4f}  "
+                  f"{(time.perf_counter() - t0) * 1000:.1f} ms")
+    calls = routing.routing_stats()["routed_calls"]
+    _say(f"trained {args.steps} steps; final loss {loss.item():.4f}; "
+         f"our backward ran {calls} times")
+
+    # 6. speed against stock (Hopper only)
+    if device == "cuda" and first_calls > 0 and args.timing_iters > 0:
+        _say("")
+        stock_c = torch.compile(copy.deepcopy(base))
+        routing.disable()
+        _step(stock_c, tokens, None, autocast_dtype, device)  # compile without the rewrite
+        models = {"stock": stock_c, "torch_sm90_sdpa": compiled}
+        step_ms = {k: [] for k in models}
+        attn_ms = {k: [] for k in models}
+        for _ in range(args.timing_rounds):  # interleaved: A, B, A, B, ...
+            for name, m in models.items():
+                fn = lambda m=m: _step(m, tokens, None, autocast_dtype, device)  # noqa: E731
+                step_ms[name].append(_time_cuda(fn, args.timing_iters))
+                attn_ms[name].append(_attention_backward_ms(fn, max(2, args.timing_iters // 4)))
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        _say("speed, compiled model, median of interleaved rounds (fwd + bwd, no optimizer):")
+        for name in models:
+            _say(f"  {name:<16} step {med(step_ms[name]):8.3f} ms   "
+                 f"attention backward {med(attn_ms[name]):8.3f} ms")
+        s, o = med(step_ms["stock"]), med(step_ms["torch_sm90_sdpa"])
+        a, b = med(attn_ms["stock"]), med(attn_ms["torch_sm90_sdpa"])
+        _say(f"  step speedup {s / o:.3f}x, attention backward speedup "
+             f"{(a / b) if b > 0 else float('nan'):.3f}x")
+    ok = math.isfinite(worst) and worst < (1e-3 if cpu_route else 5e-2)
+    _say("")
+    _say("OK" if ok else f"gradient mismatch: worst relative error {worst:.2e}")
+    return 0 if ok else 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="sequence length (default: 64 on CPU, 2048 on CUDA)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 2 CPU, 8 CUDA)")
+    p.add_argument("--dim", type=int, default=None, help="model dim (default 64 CPU, 1024 CUDA)")
+    p.add_argument("--heads", type=int, default=None,
+                   help="attention heads (default 4 CPU, 8 CUDA)")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="key/value heads (GQA when fewer than --heads; default: half)")
+    p.add_argument("--layers", type=int, default=2, help="blocks (default 2)")
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: cuda on an SM90 GPU with a compiled kernel, else cpu")
+    p.add_argument("--timing-iters", type=int, default=10, help="timed steps per round (CUDA)")
+    p.add_argument("--timing-rounds", type=int, default=3, help="interleaved rounds (CUDA)")
+
+
+def _fill_defaults(args) -> None:
+    on_cuda = args.device != "cpu" and torch.cuda.is_available() and \
+        policy.device_capability(torch.device("cuda")) == (9, 0)
+    if args.dim is None:
+        args.dim = 1024 if on_cuda else 64
+    if args.heads is None:
+        args.heads = 8 if on_cuda else 4
+    if args.kv_heads is None:
+        args.kv_heads = max(1, args.heads // 2)
+    if args.seq_len is None:
+        args.seq_len = 2048 if on_cuda else 64
+    if args.batch is None:
+        args.batch = 8 if on_cuda else 2
+    if args.dim % args.heads or args.heads % args.kv_heads:
+        raise SystemExit("--dim must be a multiple of --heads, and --heads of --kv-heads")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torch_sm90_sdpa demo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    _fill_defaults(args)
+    return run(args)
