@@ -1,0 +1,278 @@
+"""The torch.compile rewrite on an SM90 GPU: compiled transformers train with our backward in
+place of the stock one (cuDNN by default on torch >= 2.11, flash when pinned), with losses
+and gradients matching stock; also under CUDA graphs (mode="reduce-overhead") and with a
+transformers Llama model built from a small random config (no download).
+
+Skips (whole module) without an SM90 GPU and a compiled bf16 kernel for head dim 128 or 64.
+Run on the GPU machine:  python -m pytest -q tests/test_cuda_compile.py -rs
+"""
+import contextlib
+import copy
+import shutil
+import tempfile
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_sm90_sdpa
+from torch_sm90_sdpa import _extension, routing
+from torch_sm90_sdpa.demo import AttentionOpRecorder, Block, lm_loss
+
+
+def _sm90() -> bool:
+    try:
+        return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    except Exception:
+        return False
+
+
+def _head_dim():
+    for d in (128, 64):
+        if _extension.has_variant(d, torch.bfloat16):
+            return d
+    return None
+
+
+HEAD_DIM = _head_dim() if _sm90() else None
+_WHY_NO_KERNEL = (_extension.unavailable_reason()
+                  or f"variants: {_extension.build_info()['variants']}")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _sm90(), reason="needs an SM90 (Hopper) GPU"),
+    pytest.mark.skipif(HEAD_DIM is None, reason="no compiled SM90 bf16 kernel for head dim 128 "
+                       f"or 64 ({_WHY_NO_KERNEL})"),
+]
+
+STOCK_BACKWARD = (
+    "aten._scaled_dot_product_cudnn_attention_backward.default",
+    "aten._scaled_dot_product_flash_attention_backward.default",
+    "aten._scaled_dot_product_efficient_attention_backward.default",
+)
+OURS = "torch_sm90_sdpa.sdpa_backward.default"
+
+
+@pytest.fixture
+def compile_env(monkeypatch):
+    """A fresh Inductor cache dir, Dynamo reset, routing off around the test, and a
+    recorder pass (set first, so it sees the graphs after the rewrite)."""
+    tmp = tempfile.mkdtemp(prefix="sm90_sdpa_inductor_")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", tmp)
+    saved = torch._inductor.config.post_grad_custom_post_pass
+    routing.disable()
+    recorder = AttentionOpRecorder()
+    torch._inductor.config.post_grad_custom_post_pass = recorder
+    torch._dynamo.reset()
+    routing.reset_stats()
+    yield recorder
+    routing.disable()
+    torch._inductor.config.post_grad_custom_post_pass = saved
+    torch._dynamo.reset()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+class Net(nn.Module):
+    """Causal GQA self-attention blocks; the second adds cross-attention to a context of
+    another length (causal or not)."""
+
+    def __init__(self, head_dim, heads=4, kv_heads=2, vocab=512, cross_causal=True):
+        super().__init__()
+        dim = heads * head_dim
+        self.embed = nn.Embedding(vocab, dim)
+        self.ctx = nn.Embedding(vocab, dim)
+        self.blk0 = Block(dim, heads, kv_heads, causal=True)
+        self.blk1 = Block(dim, heads, kv_heads, causal=True, cross=True, cross_causal=cross_causal)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens, context_tokens):
+        return self.head(self.blk1(self.blk0(self.embed(tokens)), self.ctx(context_tokens)))
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
+
+
+def grads_of(model):
+    return {n.replace("_orig_mod.", ""): p.grad.detach().float().clone()
+            for n, p in model.named_parameters() if p.grad is not None}
+
+
+def train(model, batches, steps, lr=1e-3, mark_step=False):
+    """Losses of `steps` SGD steps (bf16 autocast) and the gradients of the first step."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, first = [], None
+    for i in range(steps):
+        if mark_step:
+            torch.compiler.cudagraph_mark_step_begin()
+        tokens, context = batches[i % len(batches)]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = lm_loss(model(tokens, context), tokens)
+        loss.backward()
+        losses.append(loss.detach().float().item())
+        if i == 0:
+            first = grads_of(model)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return losses, first
+
+
+def check_against_stock(losses, grads, ref_losses, ref_grads, tol=5e-2):
+    assert sorted(grads) == sorted(ref_grads)
+    errs = {n: rel_err(grads[n], ref_grads[n]) for n in ref_grads}
+    worst = max(errs, key=errs.get)
+    assert errs[worst] < tol, f"gradient of {worst}: relative error {errs[worst]:.3e}; {errs}"
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=2e-2, atol=2e-2)
+
+
+def backward_ops(recorder):
+    """The attention backward ops of every graph compiled in the test (after the rewrite)."""
+    return recorder.backward_ops()
+
+
+def make_batches(n, b, sq, sk, vocab=512, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, vocab, (b, sq), generator=g).cuda(),
+             torch.randint(0, vocab, (b, sk), generator=g).cuda()) for _ in range(n)]
+
+
+@pytest.mark.parametrize("backend", ["default", "flash"])
+def test_own_block_trains_like_stock(compile_env, backend):
+    """cuDNN (default on torch >= 2.11 + Hopper) or flash (pinned): every attention backward
+    of the compiled backward graph is ours; losses / gradients match uncompiled stock."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    recorder = compile_env
+    # flash refuses is_causal with Sq != Sk: its cross-attention is not causal
+    torch.manual_seed(0)
+    model = Net(HEAD_DIM, cross_causal=backend == "default").cuda()
+    stock = copy.deepcopy(model)
+    batches = make_batches(2, b=2, sq=200, sk=136)  # lengths that are not tile multiples
+    pin = (sdpa_kernel(SDPBackend.FLASH_ATTENTION) if backend == "flash"
+           else contextlib.nullcontext())
+    with pin:
+        ref_losses, ref_grads = train(stock, batches, steps=3)
+        with torch_sm90_sdpa.enable():
+            losses, grads = train(torch.compile(model), batches, steps=3)
+    ops = backward_ops(recorder)
+    stats = torch_sm90_sdpa.routing_stats()
+    assert ops and all(op == OURS for op in ops), (ops, stats)
+    assert ops.count(OURS) >= 3, (ops, stats)  # 3 per backward graph (more if recompiled)
+    expected = "flash" if backend == "flash" else "cudnn"
+    assert expected in stats["routed_nodes"] and not stats["not_routed"], stats
+    assert stats["routed_calls_by_device"].get("cuda", 0) == 3 * 3, stats
+    check_against_stock(losses, grads, ref_losses, ref_grads)
+
+
+def test_disabled_keeps_stock(compile_env):
+    recorder = compile_env
+    torch.manual_seed(0)
+    model = Net(HEAD_DIM).cuda()
+    batches = make_batches(1, b=2, sq=128, sk=64)
+    train(torch.compile(model), batches, steps=1)
+    ops = backward_ops(recorder)
+    assert ops and all(op in STOCK_BACKWARD for op in ops), ops
+    assert torch_sm90_sdpa.routing_stats()["routed_calls"] == 0
+
+
+def test_reduce_overhead_cuda_graphs(compile_env):
+    recorder = compile_env
+    torch.manual_seed(1)
+    model = Net(HEAD_DIM).cuda()
+    stock = copy.deepcopy(model)
+    batches = make_batches(1, b=2, sq=256, sk=128, seed=1)
+    ref_losses, ref_grads = train(stock, batches, steps=4)
+    with torch_sm90_sdpa.enable():
+        compiled = torch.compile(model, mode="reduce-overhead")
+        losses, grads = train(compiled, batches, steps=4, mark_step=True)
+    ops = backward_ops(recorder)
+    assert ops and all(op == OURS for op in ops), (ops, torch_sm90_sdpa.routing_stats())
+    check_against_stock(losses, grads, ref_losses, ref_grads)
+
+
+def _llama(transformers, seed):
+    heads, kv_heads = 4, 2
+    kwargs = dict(vocab_size=1000, hidden_size=heads * HEAD_DIM,
+                  intermediate_size=2 * heads * HEAD_DIM, num_hidden_layers=2,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads,
+                  max_position_embeddings=1024, head_dim=HEAD_DIM)
+    try:
+        config = transformers.LlamaConfig(attn_implementation="sdpa", **kwargs)
+    except TypeError:
+        config = transformers.LlamaConfig(**kwargs)
+    try:
+        config._attn_implementation = "sdpa"
+    except Exception:
+        pass
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(config).cuda()
+
+
+def _train_lm(m, ids, steps):
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    losses, first = [], None
+    for i in range(steps):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.detach().float().item())
+        if i == 0:
+            first = grads_of(m)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return losses, first
+
+
+def _ids(vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (2, 300), generator=g).cuda()
+
+
+def test_transformers_llama_is_causal(compile_env, monkeypatch):
+    """A transformers Llama (GQA) from a small random config, attn_implementation="sdpa".
+
+    While Dynamo traces, transformers materializes the causal mask
+    (masking_utils._ignore_causal_mask_sdpa returns False when tracing), so its SDPA calls
+    carry an attn_mask and are not routed (test_transformers_llama_default_mask). Without
+    padding the mask is exactly is_causal=True: patch the check so SDPA gets is_causal."""
+    transformers = pytest.importorskip("transformers")
+    from transformers import masking_utils
+
+    if not hasattr(masking_utils, "_ignore_causal_mask_sdpa"):
+        pytest.skip(f"transformers {transformers.__version__}: no "
+                    "masking_utils._ignore_causal_mask_sdpa to patch")
+    def causal_skip(padding_mask, query_length, kv_length, *args, **kwargs):
+        return padding_mask is None and (query_length == 1 or kv_length == query_length)
+
+    monkeypatch.setattr(masking_utils, "_ignore_causal_mask_sdpa", causal_skip)
+    recorder = compile_env
+    model = _llama(transformers, seed=2)
+    stock = copy.deepcopy(model)
+    ids = _ids(model.config.vocab_size, seed=2)
+    ref_losses, ref_grads = _train_lm(stock, ids, 3)
+    with torch_sm90_sdpa.enable():
+        losses, grads = _train_lm(torch.compile(model), ids, 3)
+    ops = backward_ops(recorder)
+    stats = torch_sm90_sdpa.routing_stats()
+    assert ops.count(OURS) >= model.config.num_hidden_layers, (ops, stats)
+    assert not [op for op in ops if op in STOCK_BACKWARD], (ops, stats)
+    check_against_stock(losses, grads, ref_losses, ref_grads)
+
+
+def test_transformers_llama_default_mask(compile_env):
+    """Unpatched transformers: whatever is routed, training matches stock, and every call
+    that is not routed says why (expected: the attn_mask transformers passes)."""
+    transformers = pytest.importorskip("transformers")
+    recorder = compile_env
+    model = _llama(transformers, seed=3)
+    stock = copy.deepcopy(model)
+    ids = _ids(model.config.vocab_size, seed=3)
+    ref_losses, ref_grads = _train_lm(stock, ids, 2)
+    with torch_sm90_sdpa.enable():
+        losses, grads = _train_lm(torch.compile(model), ids, 2)
+    ops = backward_ops(recorder)
+    stats = torch_sm90_sdpa.routing_stats()
+    print(f"transformers {transformers.__version__}: backward ops {ops}; {stats}")
+    kept = [op for op in ops if op in STOCK_BACKWARD]
+    assert sum(stats["not_routed"].values()) == len(kept), (ops, stats)
+    assert set(stats["not_routed"]) <= {"attn_mask / attn_bias"}, stats
+    check_against_stock(losses, grads, ref_losses, ref_grads)
