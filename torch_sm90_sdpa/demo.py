@@ -245,7 +245,7 @@ def _attention_backward_ms(fn, iters: int) -> float:
 def run(args) -> int:
     head_dim = args.dim // args.heads
     cuda_dtype = torch.bfloat16
-    device, why = _pick_device(args.device, head_dim, cuda_dtype)
+    device, why = args.resolved_device, args.device_why
     cpu_route = device == "cpu"
     autocast_dtype = cuda_dtype if device == "cuda" else None
 
@@ -309,7 +309,7 @@ def run(args) -> int:
     first_calls = stats["routed_calls"]
     _say(f"  torch_sm90_sdpa.sdpa_backward ran {first_calls} times in the first backward "
          f"({len(base.blocks)} attention layers)")
-    _say(f"routing_stats(): {stats}")
+    _say("routing_stats(): " + str({k: v for k, v in stats.items() if k not in ("enabled", "cpu")}))
 
     # 4. gradients
     _say("")
@@ -369,7 +369,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=None,
                    help="sequence length (default: 64 on CPU, 2048 on CUDA)")
     p.add_argument("--batch", type=int, default=None, help="batch size (default 2 CPU, 8 CUDA)")
-    p.add_argument("--dim", type=int, default=None, help="model dim (default 64 CPU, 1024 CUDA)")
+    p.add_argument("--dim", type=int, default=None,
+                   help="model dim (default 64 CPU; CUDA: 8 heads of a compiled head dim, "
+                        "128 if there is one)")
     p.add_argument("--heads", type=int, default=None,
                    help="attention heads (default 4 CPU, 8 CUDA)")
     p.add_argument("--kv-heads", type=int, default=None,
@@ -384,21 +386,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timing-rounds", type=int, default=3, help="interleaved rounds (CUDA)")
 
 
+CPU_DEFAULTS = dict(dim=64, heads=4, seq_len=64, batch=2)
+CUDA_DEFAULTS = dict(heads=8, seq_len=2048, batch=8)  # dim: 8 heads of a compiled head dim
+
+
+def _cuda_head_dim() -> int:
+    """The head dim of the CUDA defaults: 128 if compiled (bf16), else 64, else any."""
+    dims = sorted(d for name, d in _extension.build_info()["variants"] if name == "bf16")
+    for d in (128, 64):
+        if d in dims:
+            return d
+    return dims[0] if dims else 128
+
+
 def _fill_defaults(args) -> None:
-    on_cuda = args.device != "cpu" and torch.cuda.is_available() and \
-        policy.device_capability(torch.device("cuda")) == (9, 0)
+    """Resolve --device (args.resolved_device, args.device_why), then the unset sizes for it."""
+    cuda = dict(CUDA_DEFAULTS, dim=CUDA_DEFAULTS["heads"] * _cuda_head_dim())
+    if args.device == "cpu":
+        device, why = "cpu", "--device cpu"
+    else:  # decided with the head dim the CUDA run would have
+        dim = args.dim if args.dim is not None else cuda["dim"]
+        heads = args.heads if args.heads is not None else cuda["heads"]
+        device, why = _pick_device(args.device, dim // max(heads, 1), torch.bfloat16)
+    defaults = CPU_DEFAULTS if device == "cpu" else cuda
     if args.dim is None:
-        args.dim = 1024 if on_cuda else 64
+        args.dim = defaults["dim"]
     if args.heads is None:
-        args.heads = 8 if on_cuda else 4
+        args.heads = defaults["heads"]
     if args.kv_heads is None:
         args.kv_heads = max(1, args.heads // 2)
     if args.seq_len is None:
-        args.seq_len = 2048 if on_cuda else 64
+        args.seq_len = defaults["seq_len"]
     if args.batch is None:
-        args.batch = 8 if on_cuda else 2
+        args.batch = defaults["batch"]
     if args.dim % args.heads or args.heads % args.kv_heads:
         raise SystemExit("--dim must be a multiple of --heads, and --heads of --kv-heads")
+    args.resolved_device, args.device_why = device, why
 
 
 def main(argv=None) -> int:
