@@ -113,6 +113,43 @@ void require_ptr(const void* ptr, const char* name, const char* what) {
   if (ptr == nullptr) fail_value(std::string(what) + ": params." + name + " is null");
 }
 
+void check_non_negative(const BwdParams& p, const char* what) {
+  const int vals[] = {p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim,
+                      p.head_dim_v};
+  const char* names[] = {"batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim",
+                         "head_dim_v"};
+  for (int i = 0; i < 7; ++i) {
+    if (vals[i] < 0) {
+      std::ostringstream s;
+      s << what << ": params." << names[i] << " = " << vals[i] << " is negative";
+      fail_value(s.str());
+    }
+  }
+}
+
+// An empty problem (a zero size): the pre/post kernels have nothing to do.
+bool is_empty(const BwdParams& p) {
+  return p.batch == 0 || p.heads_q == 0 || p.heads_kv == 0 || p.seqlen_q == 0 ||
+         p.seqlen_k == 0 || p.head_dim == 0 || p.head_dim_v == 0;
+}
+
+// What the main kernel's TMA loads / stores need: a 16-byte aligned base, and for every mode
+// of more than one element a stride that is a positive multiple of 8 elements (16 bytes).
+// (csrc/bwd_main_launch_template.h checks the same; checking here first keeps a bad call
+// from launching the preprocess at all.)
+void check_tma_operand(const void* ptr, int64_t sb, int nb, int64_t sh, int nh, int64_t sr,
+                       int nr, const char* name, const char* what) {
+  auto ok = [](int64_t stride, int n) { return n <= 1 || (stride > 0 && stride % 8 == 0); };
+  if (reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0 || !ok(sb, nb) || !ok(sh, nh) ||
+      !ok(sr, nr)) {
+    std::ostringstream s;
+    s << what << ": " << name << " must have a 16-byte aligned base address and positive "
+      << "batch/head/row strides that are multiples of 8 elements for the SM90 kernel (got "
+      << "strides " << sb << ", " << sh << ", " << sr << "); pass a contiguous copy";
+    fail_value(s.str());
+  }
+}
+
 void check_sizes(const BwdParams& p, const char* what) {
   auto positive = [&](int v, const char* name) {
     if (v <= 0) {
@@ -226,6 +263,8 @@ bool has_variant(int head_dim, int dtype) {
 
 void preprocess(BwdParams& p, cudaStream_t stream) {
   const char* what = "preprocess";
+  check_non_negative(p, what);
+  if (is_empty(p)) return;  // nothing to launch
   check_sizes(p, what);
   check_preprocess(p, what);
   check_device(p);
@@ -235,6 +274,8 @@ void preprocess(BwdParams& p, cudaStream_t stream) {
 
 void postprocess(BwdParams& p, cudaStream_t stream) {
   const char* what = "postprocess";
+  check_non_negative(p, what);
+  if (is_empty(p)) return;  // nothing to launch
   check_sizes(p, what);
   check_postprocess(p, what);
   check_device(p);
@@ -267,6 +308,20 @@ void backward(BwdParams& p, cudaStream_t stream) {
     fail_value(std::string(what) +
                ": dk_accum / dv_accum must be null when heads_q == heads_kv (the main kernel "
                "writes dk and dv directly)");
+  }
+  const int B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, Sq = p.seqlen_q, Sk = p.seqlen_k;
+  check_tma_operand(p.q, p.q_batch_stride, B, p.q_head_stride, Hq, p.q_row_stride, Sq, "q", what);
+  check_tma_operand(p.k, p.k_batch_stride, B, p.k_head_stride, Hkv, p.k_row_stride, Sk, "k",
+                    what);
+  check_tma_operand(p.v, p.v_batch_stride, B, p.v_head_stride, Hkv, p.v_row_stride, Sk, "v",
+                    what);
+  check_tma_operand(p.dout, p.dout_batch_stride, B, p.dout_head_stride, Hq, p.dout_row_stride,
+                    Sq, "dout", what);
+  if (!gqa) {  // the main kernel writes dk and dv itself
+    check_tma_operand(p.dk, p.dk_batch_stride, B, p.dk_head_stride, Hkv, p.dk_row_stride, Sk,
+                      "dk", what);
+    check_tma_operand(p.dv, p.dv_batch_stride, B, p.dv_head_stride, Hkv, p.dv_row_stride, Sk,
+                      "dv", what);
   }
   const int dt = static_cast<int>(p.dtype);
   if (!main_kernel_compiled()) {

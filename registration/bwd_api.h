@@ -17,7 +17,9 @@ namespace api {
 
 // Each of these checks the fields it reads, checks the current CUDA device (compute
 // capability 9.0), sets params.num_sms from it, launches on `stream` and checks
-// cudaGetLastError() after each launch.
+// cudaGetLastError() after each launch. preprocess / postprocess of an empty problem (a size
+// of 0) return at once without launching or touching the device; backward refuses it (the
+// caller zero-fills the outputs of empty problems).
 void preprocess(BwdParams& params, cudaStream_t stream);
 // dq always; dk / dv from dk_accum / dv_accum when dk_accum is non-null.
 void postprocess(BwdParams& params, cudaStream_t stream);

@@ -238,14 +238,16 @@ def _valid_params():
     for name in ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv", "dsum", "lse_log2",
                  "dq_accum", "dk_accum", "dv_accum"):
         setattr(p, name, 1 << 20)
+    for name in ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv"):
+        for kind in ("batch", "head", "row"):
+            setattr(p, f"{name}_{kind}_stride", 64)
     return p
 
 
 @needs_C
 @pytest.mark.parametrize("fn", ["preprocess", "postprocess", "backward"])
 @pytest.mark.parametrize("field,value,pattern", [
-    ("batch", 0, "batch = 0 must be positive"),
-    ("seqlen_q", -1, "seqlen_q = -1 must be positive"),
+    ("seqlen_q", -1, "seqlen_q = -1 is negative|seqlen_q = -1 must be positive"),
     ("heads_kv", 3, "multiple of heads_kv"),
     ("seqlen_q_rounded", 5, "rounded up to a multiple of 128"),
     ("dq_accum", 0, "dq_accum is null"),
@@ -278,4 +280,33 @@ def test_backward_param_errors():
     p = _valid_params()
     p.head_dim = p.head_dim_v = 72  # never compiled
     with pytest.raises(RuntimeError, match=r"head_dim=72"):
+        C.backward(p, 0)
+
+
+@needs_C
+@pytest.mark.parametrize("field", ["batch", "heads_q", "seqlen_q", "seqlen_k", "head_dim"])
+def test_empty_problems(field):
+    # pre/post: nothing to do, so no launch, no pointer checks and no device access (this
+    # passes on a machine without a GPU); backward refuses: the caller zero-fills the outputs
+    p = C.BwdParams()
+    p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k = 1, 2, 1, 5, 6
+    p.head_dim = p.head_dim_v = 64
+    setattr(p, field, 0)
+    C.preprocess(p, 0)
+    C.postprocess(p, 0)
+    p = _valid_params()
+    setattr(p, field, 0)
+    with pytest.raises(ValueError, match="must be positive"):
+        C.backward(p, 0)
+
+
+@needs_C
+@pytest.mark.parametrize("field,value", [("q", (1 << 20) + 2), ("k_row_stride", 68),
+                                         ("dout_head_stride", 4), ("q_row_stride", 0),
+                                         ("v_head_stride", -64)])
+def test_backward_needs_tma_compatible_operands(field, value):
+    p = _valid_params()
+    p.batch, p.heads_q, p.heads_kv = 2, 4, 2
+    setattr(p, field, value)
+    with pytest.raises(ValueError, match=field.split("_")[0] + " must have a 16-byte aligned"):
         C.backward(p, 0)

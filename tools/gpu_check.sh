@@ -132,7 +132,7 @@ fi
        "HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:-default}, DTYPES=${TORCH_SM90_SDPA_DTYPES:-default})"
   if [ -f "$OUT/build.log" ]; then
     grep -E '^\[torch_sm90_sdpa\] (compile times|build of|note)' "$OUT/build.log" | sed 's/^/  /'
-    nwarn=$(grep -c -E 'warning' "$OUT/build.log" || true)
+    nwarn=$(grep -c -E '(: warning|warning #|ptxas warning|[Ww]arning C[0-9]+)' "$OUT/build.log" || true)
     echo "  compiler warnings: $nwarn (C7510 wgmma serialization: $(grep -c C7510 "$OUT/build.log" || true))"
     grep -E '^\[torch_sm90_sdpa\] FAILED' "$OUT/build.log" | sed 's/^/  /'
   fi

@@ -6,6 +6,8 @@ kernels of ``_C`` on the current stream of the inputs' device.
 
 Helpers for tests and benchmarks that exercise the pre/post kernels alone:
 
+    tma_compatible(t) -> bool              can the main kernel's TMA read t as it is
+
     make_params(grad_out, q, k, v, out, lse, is_causal=False, scale=1.0, deterministic=False,
                 dq=None, dk=None, dv=None, gqa_accum=None) -> (params, Workspace)
     run_preprocess(params, device=None)    _C.preprocess on the current stream
@@ -53,6 +55,35 @@ def _module():
 
 def _round(n: int, r: int) -> int:
     return (n + r - 1) // r * r
+
+
+def tma_compatible(t: Tensor) -> bool:
+    """Whether the main kernel's TMA can address t [B, H, S, D] (2-byte elements) as it is:
+    a 16-byte aligned base, and every batch/head/row mode of more than one element with a
+    positive stride that is a multiple of 8 elements."""
+    if t.data_ptr() % 16:
+        return False
+    st, sz = t.stride(), t.shape
+    for i in (0, 1, 2):
+        if sz[i] > 1 and (st[i] <= 0 or st[i] % 8):
+            return False
+    return True
+
+
+def _fast_ok(ptr: int, st) -> bool:
+    # sufficient for tma_compatible, cheap: aligned base, all three strides positive
+    # multiples of 8
+    return not (ptr & 15) and not ((st[0] | st[1] | st[2]) & 7) and min(st[0], st[1], st[2]) > 0
+
+
+def _operand(t: Tensor):
+    """(tensor, data_ptr, strides) of t, or of a TMA-compatible copy of it."""
+    ptr, st = t.data_ptr(), t.stride()
+    if _fast_ok(ptr, st) or tma_compatible(t):
+        return t, ptr, st
+    # a fresh allocation (clone, not contiguous(): a contiguous tensor may be misaligned)
+    c = t.clone(memory_format=torch.contiguous_format)
+    return c, c.data_ptr(), c.stride()
 
 
 def _workspace_sizes(B, Hq, Hkv, Sq, Sk, D, Dv, gqa, seq_round):
@@ -178,6 +209,21 @@ def sdpa_backward_cuda(
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     gqa = Hq != Hkv
+    # The main kernel reads q, k, v, grad_out (and, without GQA, writes dk, dv) through TMA;
+    # views it cannot address (odd offsets or strides, expanded heads) go through copies.
+    q_, qp, qs = _operand(q)
+    k_, kp, ks = _operand(k)
+    v_, vp, vs = _operand(v)
+    do_, dop, dos = _operand(grad_out)
+    dk_, dkp, dks = dk, dk.data_ptr(), dk.stride()
+    dv_, dvp, dvs = dv, dv.data_ptr(), dv.stride()
+    if not gqa:
+        if not _fast_ok(dkp, dks) and not tma_compatible(dk):
+            dk_ = torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)
+            dkp, dks = dk_.data_ptr(), dk_.stride()
+        if not _fast_ok(dvp, dvs) and not tma_compatible(dv):
+            dv_ = torch.empty(dv.shape, dtype=dv.dtype, device=dv.device)
+            dvp, dvs = dv_.data_ptr(), dv_.stride()
     seq_round = C.SEQ_ROUND
     Sqr, Skr, n_dq, n_dk, n_dv, n_row = _workspace_sizes(B, Hq, Hkv, Sq, Sk, D, Dv, gqa,
                                                          seq_round)
@@ -190,10 +236,8 @@ def sdpa_backward_cuda(
     p = C.BwdParams()
     p.assign(
         B, Hq, Hkv, Sq, Sk, D, Dv, _DTYPE_CODE[q.dtype], scale, is_causal, deterministic,
-        q.data_ptr(), q.stride(), k.data_ptr(), k.stride(), v.data_ptr(), v.stride(),
-        out.data_ptr(), out.stride(), grad_out.data_ptr(), grad_out.stride(),
-        lse.data_ptr(), lse.stride(), dq.data_ptr(), dq.stride(), dk.data_ptr(), dk.stride(),
-        dv.data_ptr(), dv.stride(),
+        qp, qs, kp, ks, vp, vs, out.data_ptr(), out.stride(), dop, dos,
+        lse.data_ptr(), lse.stride(), dq.data_ptr(), dq.stride(), dkp, dks, dvp, dvs,
         rows, rows + 4 * n_row, base,
         base + 4 * n_dq if gqa else 0, base + 4 * (n_dq + n_dk) if gqa else 0,
     )
@@ -204,8 +248,12 @@ def sdpa_backward_cuda(
     else:
         with torch.cuda.device(device):
             C.backward(p, torch.cuda.current_stream(device).cuda_stream)
-    # `buf` is freed here; the caching allocator reuses it only in stream order, after the
-    # kernels just queued on this stream.
+    if dk_ is not dk:
+        dk.copy_(dk_)
+    if dv_ is not dv:
+        dv.copy_(dv_)
+    # `buf` (and any copies) are freed here; the caching allocator reuses them only in stream
+    # order, after the kernels just queued on this stream.
     return dq, dk, dv
 
 
