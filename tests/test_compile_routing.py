@@ -281,6 +281,47 @@ aten.permute""")
             torch.testing.assert_close(g, t.grad, rtol=1e-4, atol=1e-5)
 
 
+    def test_op_gets_the_layouts_the_policy_checked(self):
+        """At run time the op receives exactly the strides its node's fake tensors had at
+        compile time (eager_input_vals), also for a non-dense grad_out (slice of a cat)."""
+        compiled_strides, runtime_strides = [], []
+
+        class Rec(torch._inductor.custom_graph_pass.CustomGraphPass):
+            def __call__(self, graph):
+                for n in graph.nodes:
+                    if n.target is compile_pass.OUR_OP:
+                        compiled_strides.append(
+                            [tuple(a.meta["val"].stride()) for a in n.args[:6]])
+
+            def uuid(self):
+                return "stride-recorder"
+
+        reference = torch_sm90_sdpa.ops.attention_backward_reference
+
+        def recording(grad_out, q, k, v, out, lse, *args):
+            runtime_strides.append([tuple(t.stride()) for t in (grad_out, q, k, v, out, lse)])
+            return reference(grad_out, q, k, v, out, lse, *args)
+
+        def f(x, w):
+            b, s, _ = x.shape
+            q, k, v = (x @ w).view(b, s, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            o1 = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o2 = F.scaled_dot_product_attention(k, q, v)
+            return torch.cat([o1, o2], dim=-1).sin().sum()
+
+        torch._inductor.config.post_grad_custom_post_pass = Rec()
+        torch_sm90_sdpa.enable(cpu=True)
+        torch.manual_seed(5)
+        x, w = torch.randn(2, 16, 32), (0.2 * torch.randn(32, 96)).requires_grad_()
+        with mock.patch.object(torch_sm90_sdpa.ops, "attention_backward_reference", recording):
+            torch.compile(f)(x, w).backward()
+        (gw,) = torch.autograd.grad(f(x, w), w)
+        torch.testing.assert_close(w.grad, gw, rtol=1e-4, atol=1e-5)
+        self.assertEqual(len(compiled_strides), 2)
+        self.assertEqual(runtime_strides, compiled_strides)
+        self.assertNotEqual(compiled_strides[0][0], (512, 128, 8, 1))  # grad_out: not dense
+
+
 class TestSwitch(unittest.TestCase):
     def setUp(self):
         self._saved = torch._inductor.config.post_grad_custom_post_pass
@@ -499,6 +540,13 @@ class TestCudaRewriteOnFakeTensors(expecttest.TestCase):
         gm.graph.lint()
         gm.recompile()
         self.assertEqual(output_layouts(gm), before)  # every output keeps shape and strides
+        for node in gm.graph.nodes:
+            if node.target is compile_pass.OUR_OP:  # Inductor pins exactly these layouts
+                args, kwargs = node.meta["eager_input_vals"]
+                self.assertEqual(kwargs, {})
+                for a, v in zip(node.args, args):
+                    if isinstance(a, torch.fx.Node):
+                        self.assertIs(v, a.meta["val"])
         return [(b, d.reason or "routed") for b, d in results]
 
     def test_cudnn(self):

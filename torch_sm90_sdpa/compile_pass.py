@@ -19,7 +19,10 @@ describes each from its arguments' fake tensors (``node.meta["val"]``), asks
   [B, H, S, D]-contiguous query), the output is copied into the stock layout
   (permute -> contiguous clone -> inverse permute);
 * the stock node's other outputs (the efficient op's grad_bias) must be unused; the
-  forward node and its extra outputs (philox seed / offset, debug mask) are not touched.
+  forward node and its extra outputs (philox seed / offset, debug mask) are not touched;
+* the new node carries ``meta["eager_input_vals"]``: without it Inductor applies no layout
+  constraint to a custom op inserted by a pass, and could feed it layouts other than the
+  ones the policy checked (alignment, contiguous last dim).
 
 Decisions are counted (:data:`decision_counts`) and logged on the ``torch_sm90_sdpa``
 logger: routed at INFO, not routed at INFO (CUDA) or DEBUG (a CPU node with the CPU route
@@ -255,11 +258,12 @@ class _Plan:
     """The new nodes of one replacement, computed on fake tensors before touching the graph."""
 
     def __init__(self):
-        self.steps: list = []  # (key, target, args (with ("ref", key) / ("node", n)), kwargs, val)
+        # (key, target, args (with ("ref", key) / ("node", n)), kwargs, val, input vals)
+        self.steps: list = []
         self.outputs: dict = {}  # index -> key of the node that replaces output `index`
 
-    def add(self, key, target, args, kwargs, val):
-        self.steps.append((key, target, args, kwargs, val))
+    def add(self, key, target, args, kwargs, val, input_vals):
+        self.steps.append((key, target, args, kwargs, val, input_vals))
         return ("ref", key)
 
 
@@ -283,10 +287,11 @@ def _plan(node, backend, call, nodes, scale, fake_mode) -> tuple[Optional[_Plan]
 
     def add(key, target, args, kwargs=None):
         kwargs = kwargs or {}
-        v = _run_fake(fake_mode, target, [val_of(x) for x in args],
-                      {k: val_of(x) for k, x in kwargs.items()})
+        arg_vals = [val_of(x) for x in args]
+        kwarg_vals = {k: val_of(x) for k, x in kwargs.items()}
+        v = _run_fake(fake_mode, target, arg_vals, kwarg_vals)
         vals[key] = v
-        return plan.add(key, target, args, kwargs, v)
+        return plan.add(key, target, args, kwargs, v, (tuple(arg_vals), kwarg_vals))
 
     lse = ("node", nodes["lse"])
     if backend == "cudnn":
@@ -335,10 +340,15 @@ def _apply(graph: torch.fx.Graph, node: torch.fx.Node, plan: _Plan, users: dict)
         return x
 
     with graph.inserting_before(node):
-        for key, target, args, kwargs, val in plan.steps:
+        for key, target, args, kwargs, val, input_vals in plan.steps:
             new = graph.call_function(target, tuple(resolve(a) for a in args),
                                       {k: resolve(v) for k, v in kwargs.items()})
             new.meta["val"] = val
+            if target is OUR_OP:
+                # Inductor constrains a custom op's inputs to exact strides only when the node
+                # has eager_input_vals (nodes inserted by a pass otherwise get whatever layout
+                # Inductor picks): these are the layouts the policy checked.
+                new.meta["eager_input_vals"] = input_vals
             for m in ("stack_trace", "nn_module_stack", "seq_nr", "from_node"):
                 if m in node.meta:
                     new.meta[m] = node.meta[m]
