@@ -152,7 +152,21 @@ void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
     p.dv_batch_stride = detail::tma_stride(p.dv_batch_stride, p.batch, fb, "dv batch stride");
   }
 
-  typename Scheduler::Params sched{(p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_q, p.batch};
+  // Heads per scheduling section: their Q and dO (and K/V) take about half of the L2.
+  int l2_bytes = 50 << 20;
+  {
+    int dev = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess) {
+      int v = 0;
+      if (cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev) == cudaSuccess && v > 0) { l2_bytes = v; }
+    }
+  }
+  int64_t const bytes_per_head =
+      int64_t(kHeadDim) * sizeof(Element) * (2 * int64_t(p.seqlen_q) + 2 * int64_t(p.seqlen_k) * p.heads_kv / p.heads_q);
+  int64_t const hps = std::max<int64_t>(1, (int64_t(l2_bytes) / 2) / std::max<int64_t>(bytes_per_head, 1));
+  int const total_heads = p.heads_q * p.batch;
+  typename Scheduler::Params sched{(p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_q, p.batch,
+                                   static_cast<int>(std::min<int64_t>(hps, total_heads)), p.is_causal};
   bwd_check(int64_t(sched.num_n_blocks) * sched.num_heads * sched.num_batch <= int64_t(INT_MAX),
             "too many tiles for one launch");
 

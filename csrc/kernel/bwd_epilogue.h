@@ -112,7 +112,7 @@ struct BwdEpilogue {
       }
     }();
     auto thr = TiledMmadKV{}.get_thread_slice(thread_idx);
-    Tensor t = thr.partition_C(s_view);
+    Tensor t = thr.partition_C(as_position_independent_swizzle_tensor(s_view));
     static_assert(decltype(size(t))::value == decltype(size(acc))::value);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(acc); ++i) { t(i) = static_cast<T>(acc(i) * scale); }

@@ -422,14 +422,7 @@ struct BwdMainloop {
     Tensor tdKrQ = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sQt);   // (.., stage)
     Tensor tdQrdS = thr_dQ.partition_fragment_A(sdS);             // (.., dS stage)
 
-    // Row statistics, broadcast over the S tile, and S-tile coordinates for masking.
-    Tensor tLSEsLSE = thr_SdP.partition_C(sLSEMma);      // (MMA, MMA_M, MMA_N, stage)
-    Tensor tdPsumsdPsum = thr_SdP.partition_C(sdPsumMma);
-    Tensor tScS = thr_SdP.partition_C(make_identity_tensor(ShapeS{}));
-
     auto smem_tiled_copy_PdS = make_tiled_copy_C(SmemCopyAtomPdS{}, tiled_mma_SdP);
-    auto smem_thr_copy_PdS = smem_tiled_copy_PdS.get_thread_slice(thread_idx);
-    Tensor tdSsdS = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(sdS, sdSt));
 
     // Let the MMA warps take the first turn on the dQ staging tile.
     if (thread_idx < cutlass::NumThreadsPerWarp) {
@@ -445,8 +438,10 @@ struct BwdMainloop {
     // K_j and V_j.
     ss.pipelines.barrier_KV.wait(0);
 
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int m_block = m_min; m_block < m_max; ++m_block) {
+    // One m-block; kMask: apply the key-tail / causal mask (only the diagonal blocks of a
+    // causal mask and the last key block need it, so the others skip that code entirely).
+    auto bwd_step = [&](int m_block, auto mask_tag) {
+      constexpr bool kMask = decltype(mask_tag)::value;
       int const stage_q = read_q.index();
       int const stage_do = read_do.index();
       int const stage_ds = kStagesdS == 1 ? 0 : stage_q;
@@ -456,6 +451,17 @@ struct BwdMainloop {
       Tensor tSrK = mma_smem_fragment<kSdPSwapAB>(thr_SdP, make_tensor(make_smem_ptr(k_ptr), SmemLayoutK{}));
       Tensor tdPrV = mma_smem_fragment<kSdPSwapAB>(thr_SdP, make_tensor(make_smem_ptr(v_ptr), SmemLayoutV{}));
       Tensor sKt_l = make_tensor(make_smem_ptr(k_ptr), SmemLayoutKt{});
+      // Per-thread smem addresses, also rebuilt per iteration (cheap integer math) rather than
+      // kept live across the loop: the MMA warps are at their register limit.
+      int const tidx = launder_int(thread_idx);
+      auto thr_SdP_l = tiled_mma_SdP.get_thread_slice(tidx);
+      auto thr_dQ_l = tiled_mma_dQ.get_thread_slice(tidx);
+      auto smem_thr_copy_PdS = smem_tiled_copy_PdS.get_thread_slice(tidx);
+      Tensor tLSEsLSE = thr_SdP_l.partition_C(sLSEMma);      // (MMA, MMA_M, MMA_N, stage)
+      Tensor tdPsumsdPsum = thr_SdP_l.partition_C(sdPsumMma);
+      Tensor tScS = thr_SdP_l.partition_C(make_identity_tensor(ShapeS{}));
+      Tensor tdSsdS = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(
+          as_position_independent_swizzle_tensor(sdS), as_position_independent_swizzle_tensor(sdSt)));
 
       // S = Q K^T (or S^T = K Q^T)
       Tensor tSrS = partition_fragment_C(tiled_mma_SdP, ShapeS{});
@@ -478,15 +484,13 @@ struct BwdMainloop {
       warpgroup_fence_operand(tSrS);
       // P = exp2(S * scale_log2 - lse_log2), masked (key tail; causal diagonal blocks).
       {
-        bool const need_mask =
-            n_block_end > seqlen_k || (is_causal && m_block * kBlockM < n_block_end - 1);
         Tensor tLSE = tLSEsLSE(_, _, _, stage_q);
         int const row0 = m_block * kBlockM;
         int const col0 = n_block * kBlockN;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) {
           float s = tSrS(i);
-          if (need_mask) {
+          if constexpr (kMask) {
             auto c = tScS(i);
             int const q_idx = row0 + (kSdPSwapAB ? get<1>(c) : get<0>(c));
             int const k_idx = col0 + (kSdPSwapAB ? get<0>(c) : get<1>(c));
@@ -495,6 +499,9 @@ struct BwdMainloop {
           tSrS(i) = exp2f(s * scale_log2 - tLSE(i));
         }
       }
+      // Pin P here, before the wait for dP: the exponentials overlap the dP wgmma instead of
+      // being scheduled after it.
+      warpgroup_fence_operand(tSrS);
 
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdPrdP);
@@ -513,7 +520,8 @@ struct BwdMainloop {
       if constexpr (!kMmadKVIsRS) {
         Tensor sP = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdS{});
         Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
-        Tensor tPsP = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(sP, sPt));
+        Tensor tPsP = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(
+            as_position_independent_swizzle_tensor(sP), as_position_independent_swizzle_tensor(sPt)));
         if constexpr (kStagesdS == 1) {
           // every warpgroup is done reading the previous P / dS
           named_sync(kNumMmaThreads, BwdBarrier::kPdS);
@@ -541,7 +549,8 @@ struct BwdMainloop {
 
       // dQ slice 0 = dS K[:, slice 0]
       Tensor tdQrdQ = partition_fragment_C(tiled_mma_dQ, ShapedQ{});
-      Tensor tdQsdQ = thr_dQ.partition_C(sdQ);
+      // position-independent swizzle: keeps the address in the shared space (STS, not ST.E)
+      Tensor tdQsdQ = thr_dQ_l.partition_C(as_position_independent_swizzle_tensor(sdQ));
       {
         Tensor sKt_s = local_tile(sKt_l, Shape<Int<kdQCols>, Int<kBlockN>>{}, make_coord(0, _0{}));
         Tensor tdQrK = thr_dQ.partition_fragment_B(sKt_s);
@@ -583,7 +592,21 @@ struct BwdMainloop {
       warpgroup_fence_operand(tdKrdK);
       pipeline_q.consumer_release(read_q);  // Q read by S and dK
       ++read_q;
+    };
+
+    // Masked iterations: all of them for the last (partial) key block, else the causal
+    // diagonal blocks [m_min, m_mask_end), whose rows are not all >= the block's last key.
+    int m_mask_end = m_min;
+    if (n_block_end > seqlen_k) {
+      m_mask_end = m_max;
+    } else if (is_causal) {
+      m_mask_end = cute::min(m_max, (n_block_end - 1 + kBlockM - 1) / kBlockM);
     }
+    int m_block = m_min;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; m_block < m_mask_end; ++m_block) { bwd_step(m_block, cute::true_type{}); }
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; m_block < m_max; ++m_block) { bwd_step(m_block, cute::false_type{}); }
     warpgroup_fence_operand(tdKrdK);
     warpgroup_fence_operand(tdVrdV);
     return true;

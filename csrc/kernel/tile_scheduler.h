@@ -7,26 +7,46 @@
 namespace sm90_sdpa {
 namespace kernel {
 
+// (batch, head) pairs are split into sections of `heads_per_section` whose Q / dO fit in a
+// share of L2; the CTAs of a section run together, so the many key blocks reading the same
+// Q / dO rows hit L2. Within a section:
+//  * full attention: key blocks of one head are adjacent (n_block fastest);
+//  * causal: key block major (n_block slowest), so the key blocks that see the most query
+//    blocks (low n_block, top-left causal) start first, for every head of the section
+//    (longest-processing-time first: no heavy CTA is left for the end of the grid).
 struct SingleTileScheduler {
   struct Params {
     int num_n_blocks;
     int num_heads;  // q heads
     int num_batch;
+    int heads_per_section;  // >= 1
+    bool n_block_major;
   };
 
   static dim3 grid_shape(Params const& p) {
     return dim3(static_cast<unsigned>(int64_t(p.num_n_blocks) * p.num_heads * p.num_batch), 1, 1);
   }
 
-  // (n_block, q head, batch). Key blocks of one head are adjacent so that the CTAs reading
-  // the same Q / dO run together (L2 reuse); in causal masks the lower n_blocks, which see
-  // the most query blocks, start first within a head.
+  // (n_block, q head, batch)
   CUTE_DEVICE static cute::tuple<int, int, int> get_block(Params const& p) {
-    int bid = static_cast<int>(blockIdx.x);
-    int const n_block = bid % p.num_n_blocks;
-    bid /= p.num_n_blocks;
-    int const bidh = bid % p.num_heads;
-    int const bidb = bid / p.num_heads;
+    int const bid = static_cast<int>(blockIdx.x);
+    int const total_heads = p.num_heads * p.num_batch;
+    int const blocks_per_section = p.num_n_blocks * p.heads_per_section;
+    int const section = bid / blocks_per_section;
+    int const idx = bid - section * blocks_per_section;
+    int const head0 = section * p.heads_per_section;
+    int const heads_here = min(p.heads_per_section, total_heads - head0);
+    int n_block, head_in_section;
+    if (p.n_block_major) {
+      n_block = idx / heads_here;
+      head_in_section = idx - n_block * heads_here;
+    } else {
+      head_in_section = idx / p.num_n_blocks;
+      n_block = idx - head_in_section * p.num_n_blocks;
+    }
+    int const bh = head0 + head_in_section;
+    int const bidb = bh / p.num_heads;
+    int const bidh = bh - bidb * p.num_heads;
     return {n_block, bidh, bidb};
   }
 };

@@ -37,6 +37,11 @@ CUTE_DEVICE T* launder_ptr(T* p) {
   return p;
 }
 
+CUTE_DEVICE int launder_int(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // One warpgroup-wide wgmma batch over all k-blocks of the operands:
 //   C (+)= A * B, kWait >= 0: wait until at most kWait batches are in flight afterwards.
 template <bool kZeroInit, int kWait, class TiledMma, class TA, class TB, class TC>

@@ -1,0 +1,193 @@
+"""Attention backward: torch_sm90_sdpa next to the stock cuDNN / flash / memory-efficient backward.
+
+All backends run in one process on the same inputs, interleaved (A, B, C, A, B, C, ...), and the
+median of the repeats is reported. Only the backward is timed: the stock backends through their
+aten backward ops called on saved forward outputs, ours through
+torch.ops.torch_sm90_sdpa.sdpa_backward (preprocess + main kernel + postprocess + op overhead).
+
+Grid of the FlashAttention papers: bf16, 16k tokens per batch (b = 16384 / s), hidden 2048
+(h = 2048 / d), head dims 64 / 128 / 256, causal and full, s = 512 .. 16k; plus a GQA row.
+FLOPs = 2.5 * 4 * b * h * s^2 * d, halved when causal.
+
+    python benchmarks/bench_bwd.py [--quick] [--dims 64,128,256] [--seqs 512,...] [--reps 10]
+"""
+import argparse
+import math
+import statistics
+import sys
+
+import torch
+
+import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+
+
+def make(b, hq, hkv, s, d, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    # BSHD memory viewed as BHSD, as attention modules produce
+    q = torch.randn(b, s, hq, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+    k = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+    v = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+    dout = torch.randn(b, s, hq, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+    return q, k, v, dout
+
+
+def backend_cudnn(q, k, v, dout, causal, scale):
+    aten = torch.ops.aten
+    out = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
+    o, lse, cq, ck, mq, mk, seed, off = out[:8]
+
+    def run():
+        return aten._scaled_dot_product_cudnn_attention_backward(
+            dout, q, k, v, o, lse, seed, off, None, cq, ck, mq, mk, 0.0, causal, scale=scale)
+    return run
+
+
+def backend_flash(q, k, v, dout, causal, scale):
+    aten = torch.ops.aten
+    o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, causal, False, scale=scale)
+
+    def run():
+        return aten._scaled_dot_product_flash_attention_backward(
+            dout, q, k, v, o, lse, cq, ck, mq, mk, 0.0, causal, seed, off, scale=scale)
+    return run
+
+
+def backend_efficient(q, k, v, dout, causal, scale):
+    aten = torch.ops.aten
+    if q.shape[1] != k.shape[1]:
+        raise RuntimeError("memory-efficient attention has no GQA")
+    o, lse, seed, off = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)
+
+    def run():
+        return aten._scaled_dot_product_efficient_attention_backward(
+            dout, q, k, v, None, o, lse, seed, off, 0.0, [True, True, True, False], causal, scale=scale)
+    return run
+
+
+def backend_ours(q, k, v, dout, causal, scale):
+    o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, q.shape[1] != k.shape[1])
+    op = torch.ops.torch_sm90_sdpa.sdpa_backward
+
+    def run():
+        return op(dout, q, k, v, o, lse, causal, scale, False)
+    return run
+
+
+def backend_autograd(which):
+    """Fallback when an aten backward op cannot be called from Python (schema differences between
+    torch versions): time torch.autograd.grad of the stock SDPA output under one backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+          "efficient": SDPBackend.EFFICIENT_ATTENTION}[which]
+
+    def make_fn(q, k, v, dout, causal, scale):
+        qs, ks, vs = (t.detach().requires_grad_(True) for t in (q, k, v))
+        with sdpa_kernel(be):
+            o = torch.nn.functional.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+        def run():
+            return torch.autograd.grad(o, (qs, ks, vs), dout, retain_graph=True)
+        return run
+    return make_fn
+
+
+BACKENDS = {"ours": backend_ours, "cudnn": backend_cudnn, "flash": backend_flash, "efficient": backend_efficient}
+STOCK = ("cudnn", "flash", "efficient")
+
+
+def time_interleaved(fns, reps, warmup=2):
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    times = {n: [] for n in fns}
+    for _ in range(reps):
+        for n, fn in fns.items():
+            st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            st.record()
+            fn()
+            en.record()
+            torch.cuda.synchronize()
+            times[n].append(st.elapsed_time(en))
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check):
+    q, k, v, dout = make(b, hq, hkv, s, d, dtype)
+    scale = 1.0 / math.sqrt(d)
+    fns, notes = {}, []
+    for name, make_fn in BACKENDS.items():
+        try:
+            fn = make_fn(q, k, v, dout, causal, scale)
+            fn()
+            fns[name] = fn
+        except Exception as exc:  # a backend that refuses this shape, or an op we cannot call
+            if name in STOCK:
+                try:
+                    fn = backend_autograd(name)(q, k, v, dout, causal, scale)
+                    fn()
+                    fns[name] = fn
+                    notes.append(f"{name} via autograd")
+                    continue
+                except Exception as exc2:
+                    exc = exc2
+            notes.append(f"{name}: {type(exc).__name__}")
+    if check and "ours" in fns and "cudnn" in fns:
+        a, c = fns["ours"](), fns["cudnn"]()
+        for x, y, nm in zip(a, c, ("dq", "dk", "dv")):
+            rel = ((x.float() - y.float()).norm() / y.float().norm()).item()
+            if not rel < 2e-2:
+                notes.append(f"{nm} differs from cudnn: {rel:.2e}")
+    ms = time_interleaved(fns, reps)
+    flops = 2.5 * 4 * b * hq * s * s * d / (2 if causal else 1)
+    tf = {n: flops / (t * 1e-3) / 1e12 for n, t in ms.items()}
+    best = max((tf[n] for n in STOCK if n in tf), default=float("nan"))
+    ratio = tf.get("ours", float("nan")) / best if best == best else float("nan")
+    cells = "  ".join(f"{tf[n]:6.0f}" if n in tf else f"{'-':>6}" for n in BACKENDS)
+    print(f"{label:34s} {cells}   {ratio:5.2f}  {'; '.join(notes)}", flush=True)
+    del q, k, v, dout, fns
+    torch.cuda.empty_cache()
+    return ratio
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--quick", action="store_true", help="s = 1k, 4k, 16k only, 5 repeats")
+    ap.add_argument("--no-gqa", action="store_true")
+    ap.add_argument("--check", action="store_true", help="also compare gradients with cuDNN's")
+    a = ap.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("needs an SM90 GPU")
+        return 1
+    dims = [int(x) for x in a.dims.split(",")]
+    seqs = [1024, 4096, 16384] if a.quick else [int(x) for x in a.seqs.split(",")]
+    reps = 5 if a.quick else a.reps
+    dtype = torch.bfloat16
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s, median of {reps}, "
+          "interleaved; bf16, b = 16384/s, h = 2048/d")
+    print(f"{'row':34s} " + "  ".join(f"{n:>6s}" for n in BACKENDS) + "   ours/best-stock")
+    ratios = []
+    for d in dims:
+        for causal in (False, True):
+            for s in seqs:
+                b, h = max(1, 16384 // s), 2048 // d
+                r = run_row(f"d={d} {'causal' if causal else 'full  '} s={s:<5d} b={b} h={h}", b, h, h, s, d,
+                            causal, dtype, reps, a.check)
+                ratios.append(r)
+    if not a.no_gqa:
+        r = run_row("GQA d=128 causal s=8192 32q/8kv b=2", 2, 32, 8, 8192, 128, True, dtype, reps, a.check)
+        ratios.append(r)
+    good = [r for r in ratios if r == r and r > 0]
+    if good:
+        print(f"geometric mean of ours / best stock: {math.exp(sum(map(math.log, good)) / len(good)):.3f} "
+              f"over {len(good)} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
