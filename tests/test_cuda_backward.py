@@ -120,7 +120,7 @@ def assert_close_to_reference(ours, stock, ref, name):
     ref_norm = ref.norm().item()
     err_norm = (o - ref).norm().item() / max(ref_norm, 1e-30)
     stock_norm = (s - ref).norm().item() / max(ref_norm, 1e-30)
-    small = 1e-3 * ref_max + 1e-6
+    small = 1e-3 * ref_max + 1e-5
     assert err_max <= 2 * stock_max + small, (
         f"{name}: max abs err {err_max:.3e} > 2 * stock {stock_max:.3e} + {small:.1e} (ref max {ref_max:.3e})")
     assert err_norm <= 2 * stock_norm + 1e-4, f"{name}: rel err {err_norm:.3e} > 2 * stock {stock_norm:.3e}"
@@ -135,8 +135,9 @@ def run_case(B, Hq, Hkv, Sq, Sk, D, dtype, is_causal, layout="bhsd", seed=0, sca
     sdq, sdk, sdv = stock_backward(q, k, v, dout, is_causal, scale)
     poison_allocator(q, k, v)
     dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, False)
-    # outputs come back with the input strides (empty_like)
-    assert dq.stride() == q.stride() or q.numel() == 0
+    # outputs come back with the strides empty_like gives (what the stock meta functions say)
+    for g, t in ((dq, q), (dk, k), (dv, v)):
+        assert g.stride() == torch.empty_like(t).stride()
     for ours, st, ref, name in ((dq, sdq, rdq, "dq"), (dk, sdk, rdk, "dk"), (dv, sdv, rdv, "dv")):
         assert_close_to_reference(ours, st, ref, name)
     # repeated runs agree (fp32 atomics may reorder additions: rounding-level differences only)
@@ -180,15 +181,16 @@ def test_large_batch_times_heads(head_dim):
 
 
 def test_custom_scale_and_lse_layouts():
-    """A non-default scale, and an lse that is a strided view ([B, H, S, 1] like cuDNN's)."""
+    """A non-default scale, and an lse that is a strided view (row stride 2)."""
     need_variant(128, torch.bfloat16)
     q, k, v, dout = make_inputs(2, 4, 4, 500, 500, 128, torch.bfloat16, seed=3)
     scale = 0.3
     out, lse = stock_forward(q, k, v, True, scale)
-    lse4 = lse.unsqueeze(-1).contiguous()  # [B, H, S, 1]
+    lse2 = torch.full((*lse.shape, 2), float("nan"), device="cuda")
+    lse2[..., 0] = lse
     _, _, rdq, rdk, rdv = reference(q, k, v, dout, True, scale)
     sdq, sdk, sdv = stock_backward(q, k, v, dout, True, scale)
-    dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse4[..., 0], True, scale, False)
+    dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse2[..., 0], True, scale, False)
     for ours, st, ref, name in ((dq, sdq, rdq, "dq"), (dk, sdk, rdk, "dk"), (dv, sdv, rdv, "dv")):
         assert_close_to_reference(ours, st, ref, name)
 
@@ -202,8 +204,7 @@ def test_expanded_kv_heads():
     out, lse = stock_forward(q, k.contiguous(), v.contiguous(), False, scale)
     try:
         dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, False, scale, False)
-    except (RuntimeError, ValueError) as exc:  # refused: acceptable
-        assert "stride" in str(exc) or "expanded" in str(exc) or "support" in str(exc)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError):  # refused cleanly: acceptable
         return
     _, _, rdq, rdk, rdv = reference(q, k.contiguous(), v.contiguous(), dout, False, scale)
     sdq, sdk, sdv = stock_backward(q, k.contiguous(), v.contiguous(), dout, False, scale)
