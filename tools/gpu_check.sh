@@ -124,7 +124,12 @@ fi
 # ---- 6. summary ---------------------------------------------------------------------------
 {
   echo "gpu_check summary ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
-  echo "commit:      $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
+  if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+    git diff --quiet HEAD 2>/dev/null || commit="$commit (+ uncommitted changes)"
+  else
+    commit="? (not a git checkout)"
+  fi
+  echo "commit:      $commit"
   echo "gpu:         $gpu_name"
   echo "python:      $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null)"
   echo "setup:       $setup_status"
