@@ -1,15 +1,12 @@
 // Development-only shim: a torch-free shared library exposing run_bwd_main through a C ABI,
 // so the kernel can be tested from Python (ctypes) before / independently of the extension.
-// Not part of the product build. Build: csrc/kernel/dev/build_dev.sh
+// Not part of the product build. Build: csrc/kernel/dev/build_dev.sh "-DDEV_D128 [-DDEV_D64 ...]"
+// (-DDEV_NO_FP16: bf16 only). Used by dev_test.py / gpu_run.sh / gpu_bench.sh.
 #include <cstdio>
 #include <cstring>
 #include <exception>
 
 #include "bwd_main_launch_template.h"
-
-#ifndef DEV_HEAD_DIMS
-#define DEV_HEAD_DIMS 128
-#endif
 
 using namespace sm90_sdpa;
 
