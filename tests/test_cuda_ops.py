@@ -1,0 +1,68 @@
+"""The op layer on an SM90 GPU, apart from the main kernel's numerics (test_cuda_backward.py):
+the CUDA forward of `sdpa`, and the drop-in's routing on CUDA."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_sm90_sdpa
+from torch_sm90_sdpa import _extension
+from conftest import make_qkv, requires_sm90
+
+pytestmark = [requires_sm90, pytest.mark.gpu]
+
+sdpa = torch.ops.torch_sm90_sdpa.sdpa
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2), (8, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sdpa_forward_matches_stock(dtype, heads, is_causal):
+    torch.manual_seed(0)
+    q, k, v = make_qkv(2, heads[0], heads[1], 300, 300, 128, dtype=dtype, device="cuda", layout="bshd")
+    out, lse = sdpa(q, k, v, is_causal, 0.1, True)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=0.1, enable_gqa=True)
+    torch.testing.assert_close(out, expected, atol=2e-3, rtol=2e-2)
+    assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    # lse is the natural-log logsumexp of the scaled scores.
+    kk = k.float().repeat_interleave(heads[0] // heads[1], dim=1)
+    scores = q.float() @ kk.transpose(-1, -2) * 0.1
+    if is_causal:
+        scores = scores.masked_fill(~torch.ones(300, 300, dtype=torch.bool, device="cuda").tril(), float("-inf"))
+    torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-3, rtol=1e-4)
+
+
+def test_sdpa_fake_matches_real_on_cuda():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v = make_qkv(2, 8, 2, 100, 100, 64, dtype=torch.bfloat16, device="cuda", layout="bshd")
+    real = sdpa(q, k, v, True, 0.125, True)
+    with FakeTensorMode() as mode:
+        fake = sdpa(*(mode.from_tensor(t) for t in (q, k, v)), True, 0.125, True)
+    for r, f in zip(real, fake):
+        assert (f.shape, f.stride(), f.dtype) == (r.shape, r.stride(), r.dtype)
+
+
+def test_drop_in_falls_back_for_unsupported_cuda_calls(monkeypatch):
+    """fp32 has no SM90 kernel: the call goes to stock SDPA and gives its gradients."""
+    monkeypatch.setattr(torch.ops.torch_sm90_sdpa, "sdpa", lambda *a: pytest.fail("op called"))
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 64, 64, 64, dtype=torch.float32, device="cuda"))
+    out = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.sum().backward()
+    assert q.grad is not None
+
+
+def test_sdpa_backward_cuda_rejects_fp32():
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 64, dtype=torch.float32, device="cuda")
+    out = torch.zeros_like(q)
+    lse = torch.zeros(q.shape[:3], device="cuda")
+    with pytest.raises(TypeError, match="SM90 CUDA kernel expects dtype"):
+        torch.ops.torch_sm90_sdpa.sdpa_backward(out, q, k, v, out, lse, False, 0.1, False)
+
+
+def test_build_info_reports_cuda_extension():
+    info = torch_sm90_sdpa.build_info()
+    assert info["cuda_extension"] is True, info
+    assert info["arch"] == "sm_90a"
+    for dtype_name, head_dim in info["variants"]:
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+        assert _extension.has_variant(head_dim, dtype)
