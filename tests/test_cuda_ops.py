@@ -16,19 +16,23 @@ sdpa = torch.ops.torch_sm90_sdpa.sdpa
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2), (8, 1)], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_sdpa_forward_matches_stock(dtype, heads, is_causal):
+@pytest.mark.parametrize("seqlens", [(300, 300), (200, 333), (333, 200)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_sdpa_forward_matches_fp64(dtype, heads, is_causal, seqlens):
+    """out and lse of the CUDA forward, causal aligned top-left also when Sq != Sk."""
     torch.manual_seed(0)
-    q, k, v = make_qkv(2, heads[0], heads[1], 300, 300, 128, dtype=dtype, device="cuda", layout="bshd")
+    sq, sk = seqlens
+    q, k, v = make_qkv(2, heads[0], heads[1], sq, sk, 128, dtype=dtype, device="cuda", layout="bshd")
     out, lse = sdpa(q, k, v, is_causal, 0.1, True)
-    expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=0.1, enable_gqa=True)
-    torch.testing.assert_close(out, expected, atol=2e-3, rtol=2e-2)
-    assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
-    # lse is the natural-log logsumexp of the scaled scores.
-    kk = k.float().repeat_interleave(heads[0] // heads[1], dim=1)
-    scores = q.float() @ kk.transpose(-1, -2) * 0.1
+    group = heads[0] // heads[1]
+    kk, vv = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = q.double() @ kk.transpose(-1, -2) * 0.1
     if is_causal:
-        scores = scores.masked_fill(~torch.ones(300, 300, dtype=torch.bool, device="cuda").tril(), float("-inf"))
-    torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-3, rtol=1e-4)
+        mask = torch.ones(sq, sk, dtype=torch.bool, device="cuda").tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    expected_out = scores.softmax(-1) @ vv
+    torch.testing.assert_close(out.double(), expected_out, atol=2e-2, rtol=2e-2)
+    assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    torch.testing.assert_close(lse.double(), scores.logsumexp(-1), atol=1e-3, rtol=1e-4)
 
 
 def test_sdpa_fake_matches_real_on_cuda():

@@ -101,6 +101,17 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
             q, k, v, 0.0, is_causal, scale=scale
         )
     if q.device.type == "cuda":
+        if is_causal and q.size(2) != k.size(2):
+            # FA2 aligns a causal mask bottom-right when Sq != Sk; SDPA (and our backward)
+            # align it top-left, as the memory-efficient kernel does. It has no GQA: repeat
+            # the kv heads. Its lse is padded to a multiple of 32 rows: keep the first Sq.
+            group = q.size(1) // k.size(1)
+            if group > 1:
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            res = torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, None, True, 0.0, True, scale=scale
+            )
+            return res[0], res[1][:, :, : q.size(2)]
         # FA2 handles Hq a multiple of Hkv natively; its lse is [B, Hq, Sq] fp32.
         res = torch.ops.aten._scaled_dot_product_flash_attention(
             q, k, v, 0.0, is_causal, False, scale=scale
