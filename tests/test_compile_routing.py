@@ -354,11 +354,11 @@ class TestSwitch(unittest.TestCase):
     def test_enable_as_context_manager_restores(self):
         self.assertFalse(routing.is_enabled())
         with torch_sm90_sdpa.enable(cpu=True):
-            self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True})
+            self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True, "only_faster": True})
             with torch_sm90_sdpa.enable():
-                self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": False})
-            self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True})
-        self.assertEqual(routing.routing_options(), {"enabled": False, "cpu": False})
+                self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": False, "only_faster": True})
+            self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True, "only_faster": True})
+        self.assertEqual(routing.routing_options(), {"enabled": False, "cpu": False, "only_faster": True})
 
     def test_user_pass_still_runs(self):
         calls = []
@@ -430,10 +430,10 @@ class TestSwitch(unittest.TestCase):
         self.assertIsNone(routing.apply_env("0"))
         self.assertFalse(routing.is_enabled())
         routing.apply_env("cpu")
-        self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True})
+        self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True, "only_faster": True})
         routing.disable()
         routing.apply_env("1")
-        self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": False})
+        self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": False, "only_faster": True})
         routing.disable()
         with self.assertWarns(UserWarning):
             routing.apply_env("maybe")
@@ -536,7 +536,8 @@ class TestCudaRewriteOnFakeTensors(expecttest.TestCase):
 
     def rewrite(self, gm):
         before = output_layouts(gm)
-        results = compile_pass.rewrite_graph(gm.graph)
+        # Eligibility alone here; the speed gate has its own tests (TestSpeedGate).
+        results = compile_pass.rewrite_graph(gm.graph, only_faster=False)
         gm.graph.lint()
         gm.recompile()
         self.assertEqual(output_layouts(gm), before)  # every output keeps shape and strides
@@ -670,6 +671,11 @@ flash causal Sq != Sk: causal with Sq != Sk (flash aligns bottom-right)""")
         self.assertTrue(results[0][1].routed)
 
 
+def _decide_eligible(call, **kw):
+    """policy.decide without the speed gate: the eligibility rules alone."""
+    return policy.decide(call, only_faster=False, **kw)
+
+
 class TestPolicy(unittest.TestCase):
     """decide() on plain descriptions (TensorSpec): the CUDA rules without a GPU."""
 
@@ -687,7 +693,7 @@ class TestPolicy(unittest.TestCase):
 
     def test_eligible(self):
         for backend in policy.CUDA_BACKENDS:
-            self.assertTrue(policy.decide(self.call(backend=backend)), backend)
+            self.assertTrue(_decide_eligible(self.call(backend=backend)), backend)
 
     def test_reasons(self):
         bad_stride = policy.TensorSpec((2, 4, 33, 64), torch.bfloat16, "cuda:0",
@@ -712,12 +718,12 @@ class TestPolicy(unittest.TestCase):
             (self.call(backend="cpu_flash"), policy.R_CPU_ROUTE_OFF),
         ]
         for call, reason in cases:
-            self.assertEqual(policy.decide(call).reason, reason)
+            self.assertEqual(_decide_eligible(call).reason, reason)
         with mock.patch.object(_extension, "load", lambda: None), \
                 mock.patch.object(_extension, "unavailable_reason", lambda: "not built"):
-            self.assertEqual(policy.decide(self.call()).reason, policy.R_NOT_BUILT)
+            self.assertEqual(_decide_eligible(self.call()).reason, policy.R_NOT_BUILT)
         with mock.patch.object(policy, "device_capability", lambda dev: (10, 0)):
-            self.assertEqual(policy.decide(self.call()).reason, policy.R_NOT_SM90)
+            self.assertEqual(_decide_eligible(self.call()).reason, policy.R_NOT_SM90)
 
     def test_cpu_route_any_dtype_and_head_dim(self):
         for dtype in policy.CPU_DTYPES:
@@ -725,8 +731,41 @@ class TestPolicy(unittest.TestCase):
             t = policy.TensorSpec((1, 2, 5, 12), dtype, "cpu")
             lse = policy.TensorSpec((1, 2, 5), lse_dtype, "cpu")
             call = policy.AttentionBackwardCall("cpu_flash", t, t, t, t, t, lse, is_causal=False)
-            self.assertTrue(policy.decide(call, cpu_route=True), dtype)
+            self.assertTrue(_decide_eligible(call, cpu_route=True), dtype)
 
+
+
+class TestSpeedGate(unittest.TestCase):
+    """enable()'s default routes a CUDA call only where our kernel measured faster."""
+
+    def setUp(self):
+        _fake_sm90(self)
+
+    def call(self, d, s, backend):
+        b, h = 1, 4
+        t = policy.TensorSpec((b, h, s, d), torch.bfloat16, "cuda:0", strides=(s * h * d, d, h * d, 1))
+        lse_shape = {"cudnn": (b, h, s, 1), "efficient": (b, h, (s + 31) // 32 * 32)}.get(backend, (b, h, s))
+        lse = policy.TensorSpec(lse_shape, torch.float32, "cuda:0")
+        return policy.AttentionBackwardCall(backend=backend, grad_out=t, q=t, k=t, v=t, out=t,
+                                            lse=lse, is_causal=True)
+
+    def test_cudnn_kept_where_it_is_faster(self):
+        for d, s in [(128, 16384), (64, 4096), (128, 1024)]:
+            decision = policy.decide(self.call(d, s, "cudnn"))
+            self.assertEqual(decision.reason, policy.R_SLOWER, (d, s))
+            self.assertTrue(policy.decide(self.call(d, s, "cudnn"), only_faster=False), (d, s))
+
+    def test_cudnn_routed_where_ours_is_faster(self):
+        self.assertTrue(policy.decide(self.call(64, 16384, "cudnn")))
+
+    def test_flash_and_efficient_always_routed(self):
+        for backend in ("flash", "efficient"):
+            for d, s in [(128, 1024), (128, 8192), (64, 512)]:
+                self.assertTrue(policy.decide(self.call(d, s, backend)), (backend, d, s))
+
+    def test_the_gate_is_in_the_cache_key(self):
+        self.assertNotEqual(compile_pass.SdpaBackwardRewrite(only_faster=True).uuid(),
+                            compile_pass.SdpaBackwardRewrite(only_faster=False).uuid())
 
 class TestCommandLine(unittest.TestCase):
     def run_cli(self, *args, timeout=600):

@@ -151,7 +151,7 @@ def test_own_block_trains_like_stock(compile_env, backend):
            else contextlib.nullcontext())
     with pin:
         ref_losses, ref_grads = train(stock, batches, steps=3)
-        with torch_sm90_sdpa.enable():
+        with torch_sm90_sdpa.enable(only_faster=False):
             losses, grads = train(torch.compile(model), batches, steps=3)
     ops = backward_ops(recorder)
     stats = torch_sm90_sdpa.routing_stats()
@@ -174,6 +174,23 @@ def test_disabled_keeps_stock(compile_env):
     assert torch_sm90_sdpa.routing_stats()["routed_calls"] == 0
 
 
+@pytest.mark.skipif(HEAD_DIM != 128, reason="the speed gate keeps cuDNN at head dim 128")
+def test_default_enable_keeps_faster_cudnn(compile_env):
+    """enable() routes only where ours measured faster: at d128 and short sequences cuDNN
+    stays, and routing_stats says why."""
+    from torch_sm90_sdpa import policy
+
+    recorder = compile_env
+    torch.manual_seed(0)
+    model = Net(HEAD_DIM).cuda()
+    with torch_sm90_sdpa.enable():
+        train(torch.compile(model), make_batches(1, b=2, sq=128, sk=64), steps=1)
+    ops = backward_ops(recorder)
+    assert ops and all(op in STOCK_BACKWARD for op in ops), ops
+    stats = torch_sm90_sdpa.routing_stats()
+    assert stats["routed_calls"] == 0 and policy.R_SLOWER in stats["not_routed"], stats
+
+
 def test_reduce_overhead_cuda_graphs(compile_env):
     recorder = compile_env
     torch.manual_seed(1)
@@ -181,7 +198,7 @@ def test_reduce_overhead_cuda_graphs(compile_env):
     stock = copy.deepcopy(model)
     batches = make_batches(1, b=2, sq=256, sk=128, seed=1)
     ref_losses, ref_grads = train(stock, batches, steps=4)
-    with torch_sm90_sdpa.enable():
+    with torch_sm90_sdpa.enable(only_faster=False):
         compiled = torch.compile(model, mode="reduce-overhead")
         losses, grads = train(compiled, batches, steps=4, mark_step=True)
     ops = backward_ops(recorder)
@@ -249,7 +266,7 @@ def test_transformers_llama_is_causal(compile_env, monkeypatch):
     stock = copy.deepcopy(model)
     ids = _ids(model.config.vocab_size, seed=2)
     ref_losses, ref_grads = _train_lm(stock, ids, 3)
-    with torch_sm90_sdpa.enable():
+    with torch_sm90_sdpa.enable(only_faster=False):
         losses, grads = _train_lm(torch.compile(model), ids, 3)
     ops = backward_ops(recorder)
     stats = torch_sm90_sdpa.routing_stats()
@@ -267,7 +284,7 @@ def test_transformers_llama_default_mask(compile_env):
     stock = copy.deepcopy(model)
     ids = _ids(model.config.vocab_size, seed=3)
     ref_losses, ref_grads = _train_lm(stock, ids, 2)
-    with torch_sm90_sdpa.enable():
+    with torch_sm90_sdpa.enable(only_faster=False):
         losses, grads = _train_lm(torch.compile(model), ids, 2)
     ops = backward_ops(recorder)
     stats = torch_sm90_sdpa.routing_stats()

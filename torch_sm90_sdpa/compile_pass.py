@@ -98,12 +98,13 @@ class SdpaBackwardRewrite(_Base):
     """Inductor post-grad pass: routes eligible SDPA backward nodes to our op, then runs
     the user's pass(es) that were set before (``user_pass``) on the result."""
 
-    def __init__(self, cpu: bool = False, user_pass: Any = None):
+    def __init__(self, cpu: bool = False, user_pass: Any = None, only_faster: bool = True):
         self.cpu = bool(cpu)
+        self.only_faster = bool(only_faster)
         self.user_pass = user_pass
 
     def __call__(self, graph: torch.fx.Graph, is_inference: Optional[bool] = None) -> None:
-        rewrite_graph(graph, cpu_route=self.cpu)
+        rewrite_graph(graph, cpu_route=self.cpu, only_faster=self.only_faster)
         for p in _as_pass_list(self.user_pass):
             if is_inference is not None and isinstance(
                 p, getattr(_cgp, "CustomInferenceAwareGraphPass", ())
@@ -131,6 +132,7 @@ class SdpaBackwardRewrite(_Base):
         h.update(repr((
             _REWRITE_VERSION,
             self.cpu,
+            self.only_faster,
             torch.__version__,
             torch.are_deterministic_algorithms_enabled(),
             policy.policy_fingerprint(),
@@ -139,7 +141,8 @@ class SdpaBackwardRewrite(_Base):
         return "torch_sm90_sdpa-" + h.hexdigest()
 
     def __repr__(self) -> str:
-        return f"SdpaBackwardRewrite(cpu={self.cpu}, user_pass={self.user_pass!r})"
+        return (f"SdpaBackwardRewrite(cpu={self.cpu}, only_faster={self.only_faster}, "
+                f"user_pass={self.user_pass!r})")
 
 
 # ---------------------------------------------------------------------------------------
@@ -374,7 +377,8 @@ def _record(backend: str, decision: policy.Decision, description: str, cpu_route
         log.log(level, "not routed: %s (%s): %s", op_name, description, decision.detail)
 
 
-def rewrite_graph(graph: torch.fx.Graph, *, cpu_route: bool = False) -> list:
+def rewrite_graph(graph: torch.fx.Graph, *, cpu_route: bool = False,
+                  only_faster: bool = True) -> list:
     """Replace the eligible stock SDPA backward nodes of `graph` in place.
 
     Returns [(backend, Decision)] for every stock backward node seen."""
@@ -386,7 +390,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, cpu_route: bool = False) -> list:
         try:
             call, nodes = _describe_node(node, backend)
             description = policy.describe(call) if call.q is not None else backend
-            decision = policy.decide(call, cpu_route=cpu_route)
+            decision = policy.decide(call, cpu_route=cpu_route, only_faster=only_faster)
         except Exception as exc:  # a plugin must never break a compile
             call, decision, description = None, policy.Decision(
                 False, policy.R_SHAPES, f"could not read the node: {type(exc).__name__}: {exc}"

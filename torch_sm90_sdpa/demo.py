@@ -279,7 +279,9 @@ def run(args) -> int:
     compiled = torch.compile(routed_model)
     opt = torch.optim.AdamW(routed_model.parameters(), lr=args.lr)
     try:
-        with routing.enable(cpu=cpu_route):
+        # only_faster=False: the demo compares our backward with stock on its shapes even
+        # where stock is faster (enable() alone would keep stock there).
+        with routing.enable(cpu=cpu_route, only_faster=False):
             t0 = time.perf_counter()
             loss = _step(compiled, tokens, None, autocast_dtype, device)  # compiles fwd + bwd
             if device == "cuda":

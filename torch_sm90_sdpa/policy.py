@@ -83,12 +83,14 @@ R_LSE = "unexpected logsumexp"
 R_SCALE = "scale not a constant"
 R_OUTPUTS = "unsupported outputs used"
 R_LAYOUT = "output layout not reproducible"
+R_SLOWER = "stock backward is faster here"
 
 # The reasons an ineligible call can have, for documentation and the `info` command.
 ALL_REASONS = (
     R_CPU_ROUTE_OFF, R_DEVICE, R_NOT_SM90, R_NESTED, R_DROPOUT, R_MASK, R_SHAPES, R_DTYPE,
     R_HEAD_DIM_SYMBOLIC, R_DV, R_HEADS, R_NOT_BUILT, R_VARIANT, R_DETERMINISTIC,
     R_CAUSAL_ALIGN, R_LAST_DIM, R_ALIGN, R_STRIDE0, R_LSE, R_SCALE, R_OUTPUTS, R_LAYOUT,
+    R_SLOWER,
 )
 
 
@@ -257,8 +259,35 @@ def _layout_reason(name: str, t, align_elems: Optional[int]) -> Optional[Decisio
     return None
 
 
-def decide(call: AttentionBackwardCall, *, cpu_route: bool = False) -> Decision:
-    """Whether the rewrite replaces this call by ``torch_sm90_sdpa::sdpa_backward``."""
+# Where our SM90 backward beats the stock one it would replace, from benchmarks/bench_bwd.py
+# on an H200 (BENCHMARKS.md, 2026-11-29, bf16). FA2 (flash) and the memory-efficient
+# backward were slower than ours on every row, so those nodes are always routed. cuDNN was
+# faster than ours on every row except head dim 64 at s = 16k (ours 1.05-1.06x), so a
+# cuDNN node is routed only for these head dims and sequence lengths of at least this many
+# keys (known at compile time). Everything else keeps cuDNN unless enable(only_faster=False).
+FASTER_THAN_CUDNN_MIN_SEQLEN = {64: 16384}
+
+
+def faster_than_stock(call: AttentionBackwardCall) -> Decision:
+    """The speed gate: route only where our kernel measured faster than the stock one."""
+    if call.backend != "cudnn":
+        return ROUTE
+    head_dim = call.q.size(-1)
+    min_seqlen = FASTER_THAN_CUDNN_MIN_SEQLEN.get(head_dim)
+    seqlen_k = call.k.size(2)
+    if min_seqlen is not None and isinstance(seqlen_k, int) and seqlen_k >= min_seqlen:
+        return ROUTE
+    return _no(R_SLOWER, f"cuDNN measured faster for head dim {head_dim}, Sk = {seqlen_k} "
+                         f"(ours is faster only for {FASTER_THAN_CUDNN_MIN_SEQLEN}); "
+                         "enable(only_faster=False) routes it anyway")
+
+
+def decide(call: AttentionBackwardCall, *, cpu_route: bool = False,
+           only_faster: bool = True) -> Decision:
+    """Whether the rewrite replaces this call by ``torch_sm90_sdpa::sdpa_backward``.
+
+    only_faster: also require that our kernel measured faster than the stock backward this
+    node would run (:func:`faster_than_stock`); the CPU route has no such gate."""
     backend = call.backend
     if backend not in STOCK_BACKWARD_OPS:
         return _no(R_DEVICE, f"unknown backend {backend!r}")
@@ -341,6 +370,8 @@ def decide(call: AttentionBackwardCall, *, cpu_route: bool = False) -> Decision:
         why = _layout_reason(name, t, align)
         if why is not None:
             return why
+    if only_faster and backend != "cpu_flash":
+        return faster_than_stock(call)
     return ROUTE
 
 
@@ -368,4 +399,5 @@ def policy_fingerprint() -> tuple:
         tuple(sorted((str(k), repr(v)) for k, v in info.items())),
         caps,
         CUDA_DETERMINISTIC_SUPPORTED,
+        sorted(FASTER_THAN_CUDNN_MIN_SEQLEN.items()),
     )

@@ -8,7 +8,9 @@
 
 Or, with no code change beyond importing the package, the environment variable
 ``TORCH_SM90_SDPA``: ``1`` / ``on`` / ``true`` / ``cuda`` enable the CUDA route at import,
-``cpu`` enables the CPU route too, ``0`` / ``off`` / empty do nothing.
+``cpu`` enables the CPU route too, ``all`` routes every eligible CUDA call (also where the
+stock backward measured faster: ``enable(only_faster=False)``), ``0`` / ``off`` / empty do
+nothing.
 
 The state lives in one place: ``torch._inductor.config.post_grad_custom_post_pass``.
 Routing is on iff that holds our :class:`~torch_sm90_sdpa.compile_pass.SdpaBackwardRewrite`;
@@ -36,6 +38,7 @@ ENV_VAR = "TORCH_SM90_SDPA"
 _ENV_OFF = ("", "0", "off", "false", "no")
 _ENV_CUDA = ("1", "on", "true", "yes", "cuda")
 _ENV_CPU = ("cpu",)
+_ENV_ALL = ("all",)
 
 
 class _RoutingState:
@@ -60,21 +63,23 @@ def _current_pass() -> Optional[compile_pass.SdpaBackwardRewrite]:
     return p if isinstance(p, compile_pass.SdpaBackwardRewrite) else None
 
 
-def enable(cpu: bool = False) -> _RoutingState:
+def enable(cpu: bool = False, only_faster: bool = True) -> _RoutingState:
     """Route the SDPA backward of every later ``torch.compile`` compilation to our op where
     eligible (see :mod:`torch_sm90_sdpa.policy`). ``cpu=True`` also routes CPU calls to the
-    op's CPU reference (for tests and CI). Idempotent; a pass the user set as
-    ``post_grad_custom_post_pass`` before keeps running after ours."""
+    op's CPU reference (for tests and CI). ``only_faster=True`` (the default) routes a CUDA
+    call only where our kernel measured faster than the stock backward it replaces
+    (``policy.faster_than_stock``); ``False`` routes every eligible call. Idempotent; a pass
+    the user set as ``post_grad_custom_post_pass`` before keeps running after ours."""
     previous = inductor_config.post_grad_custom_post_pass
     state = _RoutingState(previous)
     ours = _current_pass()
-    if ours is not None and ours.cpu == bool(cpu):
+    if ours is not None and ours.cpu == bool(cpu) and ours.only_faster == bool(only_faster):
         return state
     user_pass = ours.user_pass if ours is not None else previous
     inductor_config.post_grad_custom_post_pass = compile_pass.SdpaBackwardRewrite(
-        cpu=cpu, user_pass=user_pass
+        cpu=cpu, user_pass=user_pass, only_faster=only_faster
     )
-    log.info("routing enabled (cpu=%s)%s", bool(cpu),
+    log.info("routing enabled (cpu=%s, only_faster=%s)%s", bool(cpu), bool(only_faster),
              f"; chained with the user's pass {user_pass!r}" if user_pass is not None else "")
     return state
 
@@ -94,16 +99,17 @@ def is_enabled() -> bool:
 
 
 def routing_options() -> dict:
-    """{"enabled": bool, "cpu": bool}."""
+    """{"enabled": bool, "cpu": bool, "only_faster": bool}."""
     ours = _current_pass()
-    return {"enabled": ours is not None, "cpu": bool(ours is not None and ours.cpu)}
+    return {"enabled": ours is not None, "cpu": bool(ours is not None and ours.cpu),
+            "only_faster": bool(ours is None or ours.only_faster)}
 
 
 def routing_stats(reset: bool = False) -> dict:
     """What the rewrite did in this process::
 
         {
-          "enabled": bool, "cpu": bool,        # the current options
+          "enabled": bool, "cpu": bool, "only_faster": bool,  # the current options
           "routed_calls": int,                 # RUN TIME: calls of our backward op made by
           "routed_calls_by_device": {...},     #   compiled graphs (also after a cache hit)
           "routed_nodes": {backend: int},      # COMPILE TIME: stock backward nodes replaced
@@ -150,8 +156,10 @@ def apply_env(value: Optional[str] = None) -> Optional[_RoutingState]:
         return enable()
     if v in _ENV_CPU:
         return enable(cpu=True)
-    msg = (f"{ENV_VAR}={value!r} is not understood (expected 1 / on / cuda, cpu, or 0 / "
-           "off); routing stays off")
+    if v in _ENV_ALL:
+        return enable(only_faster=False)
+    msg = (f"{ENV_VAR}={value!r} is not understood (expected 1 / on / cuda, cpu, all, or "
+           "0 / off); routing stays off")
     warnings.warn(msg, stacklevel=2)
     log.warning(msg)
     return None
