@@ -1,4 +1,6 @@
-"""Kernel-level breakdown of one torch.ops.torch_sm90_sdpa.sdpa_backward call (GPU machine)."""
+"""Kernel-level breakdown of one torch.ops.torch_sm90_sdpa.sdpa_backward call (GPU machine):
+    python benchmarks/profile_bwd.py [B H S D]
+"""
 import math
 import sys
 
