@@ -435,6 +435,9 @@ class TestSwitch(unittest.TestCase):
         routing.apply_env("1")
         self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": False, "only_faster": True})
         routing.disable()
+        routing.apply_env("all")
+        self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": False, "only_faster": False})
+        routing.disable()
         with self.assertWarns(UserWarning):
             routing.apply_env("maybe")
         self.assertFalse(routing.is_enabled())

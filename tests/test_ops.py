@@ -132,9 +132,21 @@ class TestDropIn:
     def test_non_contiguous_last_dim_is_copied(self):
         q, k, v = (t.transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_()
                    for t in make_qkv(1, 2, 2, 8, 8, 8))
-        out = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v)
-        out.sum().backward()
-        assert q.grad is not None
+        out = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        _, *ref = reference_grads_fp64(q, k, v, torch.ones_like(out), True, 8 ** -0.5)
+        for g, r in zip(grads, ref):
+            torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10)
+
+    def test_autocast_goes_to_stock(self):
+        """Under autocast stock SDPA casts mixed inputs (bf16 q, fp32 k/v); so do we, by
+        handing the call to it."""
+        q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 8, dtype=torch.float32))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = torch_sm90_sdpa.scaled_dot_product_attention(q.bfloat16(), k, v)
+            expected = F.scaled_dot_product_attention(q.bfloat16(), k, v)
+        assert out.dtype == expected.dtype
+        torch.testing.assert_close(out, expected)
 
     @pytest.mark.parametrize(
         "kwargs",

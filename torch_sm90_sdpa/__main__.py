@@ -23,7 +23,7 @@ def _fmt_dtype(d: torch.dtype) -> str:
 def _routing_table(device: torch.device, head_dims, dtypes, *, assume_sm90: bool) -> list:
     """[(head_dim, dtype, 'routed' | reason)] for a typical call (B=2, H=16, S=1024,
     q/k/v as [B, S, H, D] memory, causal) on `device`."""
-    from . import policy
+    from . import policy, routing
 
     rows = []
     saved = policy.device_capability
@@ -39,7 +39,7 @@ def _routing_table(device: torch.device, head_dims, dtypes, *, assume_sm90: bool
                     backend="cudnn", grad_out=bshd, q=bshd, k=bshd, v=bshd, out=bshd, lse=lse,
                     is_causal=True, deterministic=torch.are_deterministic_algorithms_enabled(),
                 )
-                dec = policy.decide(call)
+                dec = policy.decide(call, only_faster=routing.routing_options()["only_faster"])
                 rows.append((d, dt, "routed" if dec.routed else f"{dec.reason}: {dec.detail}"))
     finally:
         policy.device_capability = saved

@@ -44,6 +44,9 @@ def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -> s
         return "query/key/value are not all 4-D"
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))):
         return "no gradient is needed"
+    if query.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(query.device.type):
+        # Stock SDPA casts mixed inputs under autocast; keep exactly its behaviour.
+        return "autocast is enabled"
     if value.size(-1) != query.size(-1):
         return "value head dim differs from query head dim"
     if query.size(1) != key.size(1) and not enable_gqa:
@@ -69,18 +72,21 @@ def scaled_dot_product_attention(
 
     query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, D]; Hq % Hkv == 0 with
     ``enable_gqa=True``. ``scale=None`` means ``1 / sqrt(D)``. Calls with an attn_mask,
-    dropout, other ranks, no gradient to compute, or (on CUDA) a non-SM90 device, a
-    dtype or head dim without a compiled kernel, fall back to the stock function.
+    dropout, other ranks, no gradient to compute, autocast on, or (on CUDA) a non-SM90
+    device, a dtype or head dim without a compiled kernel, or deterministic algorithms,
+    fall back to the stock function. On CPU the backward is the fp32 reference: correct,
+    but slower than stock (it is there for tests and for checking the route).
     """
-    if all(isinstance(t, torch.Tensor) for t in (query, key, value)) and query.dim() == 4:
-        # Bad input is reported by us, naming the argument, before any routing.
+    reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa)
+    if reason is None:
+        # A call we serve: bad input is reported by us, naming the argument (calls we do
+        # not serve go to stock SDPA untouched, which reports its own errors).
         query, key, value = (
             t.contiguous() if t.size(-1) > 1 and t.stride(-1) != 1 else t
             for t in (query, key, value)
         )
         _validation.check_attention_inputs(query, key, value)
-    reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa)
-    if reason is not None:
+    else:
         log.debug("scaled_dot_product_attention: stock path (%s)", reason)
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,

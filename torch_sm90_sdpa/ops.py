@@ -62,6 +62,12 @@ def _sdpa_backward_cuda(grad_out, q, k, v, out, lse, is_causal, scale, determini
     _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
     _validation.check_cuda_kernel_dtype(q)
     _count_call(q)
+    if deterministic:
+        # The SM90 kernel adds dQ with atomics in a varying order. Routing never sends
+        # deterministic calls here; a direct call (or deterministic mode switched on
+        # between forward and backward) gets the reference math on the GPU: slow, memory-
+        # hungry ([Hq, Sq, Sk] per batch element), but deterministic and correct.
+        return attention_backward_reference(grad_out, q, k, v, out, lse, is_causal, scale)
     from ._cuda_backend import sdpa_backward_cuda
 
     return sdpa_backward_cuda(grad_out, q, k, v, out, lse, is_causal, scale, deterministic)

@@ -25,8 +25,9 @@ With the CPU route on (``enable(cpu=True)``), the CPU node of SDPA
 (``_scaled_dot_product_flash_attention_for_cpu_backward``) goes to the op's CPU reference:
 fp16 / bf16 / fp32 / fp64, any head dim, no alignment rule (last dim contiguous only).
 
-A measured speed table (serve a shape only where our kernel beats the stock backend)
-belongs in :func:`decide` too, after the layout checks; there is none yet.
+After the eligibility rules, :func:`decide` applies the speed gate (``only_faster``, on by
+default): a CUDA call is routed only where our kernel measured faster than the stock
+backward it replaces (:func:`faster_than_stock`, ``FASTER_THAN_CUDNN_MIN_SEQLEN``).
 
 Reasons are short stable strings (the keys of ``routing_stats()["not_routed"]``); the
 details (which tensor, which stride) go to the log.
