@@ -200,16 +200,14 @@ def test_custom_scale_and_lse_layouts():
 
 
 def test_expanded_kv_heads():
-    """k / v expanded along heads (stride 0): correct gradients or a clean error, never garbage."""
+    """k / v expanded along heads (stride 0): the backend copies what TMA cannot address,
+    so the gradients are right (per expanded head, as the stock backward gives them)."""
     need_variant(128, torch.bfloat16)
     q, k1, v1, dout = make_inputs(2, 4, 1, 300, 300, 128, torch.bfloat16, seed=5)
     k, v = k1.expand(2, 4, 300, 128), v1.expand(2, 4, 300, 128)
     scale = 1 / math.sqrt(128)
     out, lse = stock_forward(q, k.contiguous(), v.contiguous(), False, scale)
-    try:
-        dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, False, scale, False)
-    except (RuntimeError, ValueError, TypeError, NotImplementedError):  # refused cleanly: acceptable
-        return
+    dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, False, scale, False)
     _, _, rdq, rdk, rdv = reference(q, k.contiguous(), v.contiguous(), dout, False, scale)
     sdq, sdk, sdv = stock_backward(q, k.contiguous(), v.contiguous(), dout, False, scale)
     for ours, st, ref, name in ((dq, sdq, rdq, "dq"), (dk, sdk, rdk, "dk"), (dv, sdv, rdv, "dv")):
