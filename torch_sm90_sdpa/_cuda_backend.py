@@ -29,7 +29,7 @@ from torch import Tensor
 from . import _extension
 
 LOG2E = math.log2(math.e)
-_DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
+_DTYPE_CODE = _extension._CODE_BY_DTYPE  # one table: the integer codes of _C.BwdParams.dtype
 
 
 class Workspace(NamedTuple):
