@@ -1,22 +1,46 @@
-"""Host-side cost of one torch.ops.torch_sm90_sdpa.sdpa_backward call, split by layer.
+"""Host-side cost of one torch.ops.torch_sm90_sdpa.sdpa_backward call, and its alternatives.
 
 A tiny problem (its kernels take a few microseconds) called back to back: the wall time per
-call is then the host path. Layers: the whole op (dispatcher + checks + backend), the CUDA
-backend function alone, and _C.backward alone with prefilled params.
+call is then the host path (the GPU keeps up). Rows:
 
-    python benchmarks/host_overhead.py
+  * the op as users and compiled graphs call it: its CUDA kernel is C++ (registered through
+    torch's stable ABI), so the call runs no Python below the dispatcher;
+  * the same op body in Python (_cuda_backend.sdpa_backward_python) registered as the CUDA
+    kernel of a benchmark-only op with the same schema: the "lean Python path" alternative;
+  * that Python body called directly (no dispatcher);
+  * _C.run alone with prefilled params (TMA descriptors + 3 launches);
+  * the stock cuDNN aten backward, for reference.
+
+    python benchmarks/host_overhead.py [--json OUT.json]
+
+Interleaved rounds; the median of the rounds' per-call means is printed.
 """
+import argparse
+import json
+import statistics
 import time
 
 import torch
 
 import torch_sm90_sdpa  # noqa: F401
-from torch_sm90_sdpa import _cuda_backend, _validation
+from torch_sm90_sdpa import _cuda_backend, ops
+
+SCHEMA = ("sdpa_backward_py(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+          "Tensor lse, bool is_causal, float scale, bool deterministic) -> "
+          "(Tensor, Tensor, Tensor)")
 
 
-def per_call_us(fn, n=200):
-    for _ in range(10):
-        fn()
+def _python_path_op():
+    """A benchmark-only op whose CUDA kernel is the Python op body (Autograd fallthrough, as
+    sdpa_backward): what registering the Python path instead of the C++ kernel would cost."""
+    lib = torch.library.Library("torch_sm90_sdpa_bench", "FRAGMENT")  # noqa: TOR901
+    lib.define(SCHEMA)
+    lib.impl("sdpa_backward_py", _cuda_backend.sdpa_backward_python, "CUDA")
+    lib.impl("sdpa_backward_py", torch.library.fallthrough_kernel, "Autograd")
+    return lib, torch.ops.torch_sm90_sdpa_bench.sdpa_backward_py.default
+
+
+def per_call_us(fn, n):
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
@@ -26,27 +50,57 @@ def per_call_us(fn, n=200):
 
 
 def main():
-    q, k, v, do = (torch.randn(1, 2, 128, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, True, 0.088, False)
-    args = (do, q, k, v, out, lse, True, 0.088, False)
-    params, ws = _cuda_backend.make_params(*args[:6], is_causal=True, scale=0.088,
-                                           dq=torch.empty_like(q), dk=torch.empty_like(k),
-                                           dv=torch.empty_like(v))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=300)
+    args = ap.parse_args()
+
+    shape = (1, 2, 128, 128)
+    q, k, v, do = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    scale = 128 ** -0.5
+    out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, True, scale, False)
+    bwd_args = (do, q, k, v, out, lse, True, scale, False)
+    lib, py_op = _python_path_op()
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    params, ws = _cuda_backend.make_params(do, q, k, v, out, lse, True, scale, False,
+                                           dq=dq, dk=dk, dv=dv)
     C = _cuda_backend._module()
     stream = torch.cuda.current_stream().cuda_stream
-    rows = [
-        ("torch.ops.torch_sm90_sdpa.sdpa_backward", lambda: torch.ops.torch_sm90_sdpa.sdpa_backward(*args)),
-        ("input checks (_validation)", lambda: _validation.check_backward_inputs(*args[:6], 0.088)),
-        ("_cuda_backend.sdpa_backward_cuda", lambda: _cuda_backend.sdpa_backward_cuda(*args)),
-        ("_C.backward (params prefilled)", lambda: C.backward(params, stream)),
-        ("aten cudnn backward (reference point)", None),
-    ]
-    o = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False, scale=0.088)
-    rows[-1] = (rows[-1][0], lambda: torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-        do, q, k, v, o[0], o[1], o[6], o[7], None, o[2], o[3], o[4], o[5], 0.0, True, scale=0.088))
-    print("host cost per call (B=1, H=2, S=128, D=128, bf16; kernels take a few us):")
-    for name, fn in rows:
-        print(f"  {per_call_us(fn):8.1f} us  {name}")
+    o = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True,
+                                                           False, scale=scale)
+
+    rows = {
+        f"torch.ops.torch_sm90_sdpa.sdpa_backward ({ops.cuda_kernel_kind()} CUDA kernel)":
+            lambda: torch.ops.torch_sm90_sdpa.sdpa_backward.default(*bwd_args),
+        "the Python op body registered as a CUDA kernel (alternative)":
+            lambda: py_op(*bwd_args),
+        "the Python op body called directly": lambda: _cuda_backend.sdpa_backward_python(*bwd_args),
+        "_C.run alone (params prefilled: TMA descriptors + 3 launches)":
+            lambda: C.run(params, stream),
+        "stock aten._scaled_dot_product_cudnn_attention_backward":
+            lambda: torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+                do, q, k, v, o[0], o[1], o[6], o[7], None, o[2], o[3], o[4], o[5], 0.0, True,
+                scale=scale),
+    }
+    for fn in rows.values():  # warm up
+        for _ in range(20):
+            fn()
+    samples = {name: [] for name in rows}
+    for _ in range(args.rounds):
+        for name, fn in rows.items():
+            samples[name].append(per_call_us(fn, args.calls))
+    result = {name: statistics.median(s) for name, s in samples.items()}
+    print(f"host cost per call (B=1, H=2, S=128, D=128, bf16, causal; {args.rounds} rounds of "
+          f"{args.calls} calls, median):")
+    for name, us in result.items():
+        print(f"  {us:8.1f} us  {name}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"us_per_call": result, "samples": samples,
+                       "device": torch.cuda.get_device_name(), "torch": torch.__version__}, f,
+                      indent=1)
+    del lib
 
 
 if __name__ == "__main__":

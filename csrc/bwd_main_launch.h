@@ -9,7 +9,7 @@
 
 namespace sm90_sdpa {
 
-// Runs the main backward kernel only: expects the preprocess to have filled dsum,
+// Runs the main backward kernel only: expects the preprocess to have filled dpsum,
 // lse_log2 and zeroed dq_accum (and dk_accum / dv_accum for GQA). Adds unscaled dQ
 // into dq_accum. MHA (Hq == Hkv): writes dk (scaled by params.scale) and dv to the outputs.
 // GQA: adds unscaled dK and dV into dk_accum / dv_accum; the postprocess converts them.

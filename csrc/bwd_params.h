@@ -1,6 +1,7 @@
 // The one host/device interface of the attention backward: every kernel of the
 // backward (preprocess, main, postprocess) reads its inputs from this struct.
-// Filled by registration/ from plain integers; no torch types cross this line.
+// Filled by the device layer (registration/bwd_device.h) from plain integers; no torch types
+// cross this line.
 #pragma once
 
 #include <cstdint>
@@ -50,7 +51,7 @@ struct BwdParams {
   int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
 
   // ---- fp32 workspaces, contiguous, allocated by the caller (no need to zero them) ----
-  float* dsum = nullptr;      // [B, Hq, Sq_rounded]     D_i = rowsum(dO_i * O_i); 0 in padding
+  float* dpsum = nullptr;      // [B, Hq, Sq_rounded]    rowsum(dO * O) per row; 0 in padding
   float* lse_log2 = nullptr;  // [B, Hq, Sq_rounded]     lse * log2(e); +inf in padding
   float* dq_accum = nullptr;  // [B, Hq, Sq_rounded, D]  unscaled dQ, zeroed by the preprocess
   // GQA only (Hq != Hkv), else nullptr: unscaled dK and dV summed over each group,
@@ -66,7 +67,8 @@ struct BwdParams {
   void* dv = nullptr;  // [B, Hkv, Sk, Dv]
   int64_t dv_batch_stride = 0, dv_head_stride = 0, dv_row_stride = 0;
 
-  int num_sms = 0;  // multiprocessors of the device (for persistent schedules)
+  int num_sms = 0;   // multiprocessors of the device (grid sizes of the pre/post kernels)
+  int l2_bytes = 0;  // L2 cache size of the device (the main kernel's scheduling sections)
 };
 
 }  // namespace sm90_sdpa

@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""Generate one translation unit per main-kernel variant (dtype x head dim).
+"""The one table of what can be built, and the files generated from it.
 
-Writes, into csrc/instantiations/ (git-ignored; setup.py runs this at build time):
-  bwd_main_<dtype>_hdim<D>.cu   one explicit instantiation of sm90_sdpa::run_bwd_main<DType, D>
-  compiled_variants.h           TORCH_SM90_SDPA_FOR_EACH_VARIANT(X): the list registration/
-                                dispatches on, so only compiled variants are ever referenced
+``DTYPES`` (dtype names, C++ enumerators, integer codes) and ``TILES`` (the main kernel's tile
+configuration per head dim) are the only statement of the variants. Everything else is
+generated from them or checked against them:
 
-Usage (normally through setup.py):
+  csrc/instantiations/bwd_main_<dtype>_hdim<D>.cu   one explicit instantiation per variant
+  csrc/instantiations/variants.h   TORCH_SM90_SDPA_FOR_EACH_VARIANT(X), the C++ dispatch list;
+                                   the DefaultBwdConfig<D> tile specializations; a check that
+                                   sm90_sdpa::DType has these codes
+  torch_sm90_sdpa/_build_config.py what was built, for Python (written by setup.py)
+  docs/KERNEL.md                   its tile table is tile_table_markdown() (a test compares)
+
+Usage (normally through setup.py's build command):
   python csrc/generate_instantiations.py [--out-dir DIR] [--head-dims 64,128] [--dtypes bf16]
-                                         [--no-main-kernel]
+                                         [--no-main-kernel] [--docs]
 Stand-alone it reads no environment; setup.py passes TORCH_SM90_SDPA_HEAD_DIMS and
 TORCH_SM90_SDPA_DTYPES through parse_head_dims() / parse_dtypes().
 Only files whose content changes are rewritten (keeps incremental builds incremental), and
@@ -20,22 +26,48 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT_DIR = os.path.join(HERE, "instantiations")
 TEMPLATE_HEADER = "bwd_main_launch_template.h"
 
-DEFAULT_HEAD_DIMS: Tuple[int, ...] = (64, 96, 128, 192, 256)
-DEFAULT_DTYPES: Tuple[str, ...] = ("fp16", "bf16")
-
-# short name -> (C++ enumerator of sm90_sdpa::DType, integer code used by _C)
+# dtype name -> (C++ enumerator of sm90_sdpa::DType, integer code of BwdParams.dtype)
 DTYPES = {"fp16": ("kFloat16", 0), "bf16": ("kBFloat16", 1)}
 _DTYPE_ALIASES = {
     "fp16": "fp16", "float16": "fp16", "half": "fp16", "f16": "fp16",
     "bf16": "bf16", "bfloat16": "bf16",
 }
-MAX_HEAD_DIM = 256
+
+
+class Tile(NamedTuple):
+    """Arguments of sm90_sdpa::kernel::BwdTileConfig (csrc/kernel/bwd_config.h)."""
+
+    block_m: int        # query rows per m-block
+    block_n: int        # key rows per CTA
+    mma_wg: int         # MMA (consumer) warpgroups
+    stages_q: int       # Q (+ lse) pipeline depth
+    stages_do: int      # dO (+ rowsum(dO * O)) pipeline depth
+    stages_ds: int      # P / dS shared-memory buffers
+    swap_sdp: bool      # S^T = K Q^T and dP^T = V dO^T (P^T, dS^T in registers)
+    swap_dkv: bool      # dV^T = dO^T P and dK^T = Q^T dS
+    atom_m_sdp: int
+    atom_n_dkv: int
+    atom_m_dq: int
+    dq_slices: int      # dQ computed in this many column slices
+
+
+# The main kernel's tile per head dim (bf16 and fp16 share it); its keys are the head dims
+# that can be built.
+TILES: Dict[int, Tile] = {
+    64: Tile(128, 128, 2, 2, 2, 2, True, False, 1, 2, 2, 1),
+    96: Tile(64, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1),
+    128: Tile(64, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1),
+    192: Tile(64, 64, 2, 2, 2, 1, False, True, 1, 2, 1, 1),
+    256: Tile(64, 64, 2, 2, 1, 1, False, True, 1, 2, 1, 2),
+}
+DEFAULT_HEAD_DIMS: Tuple[int, ...] = tuple(sorted(TILES))
+DEFAULT_DTYPES: Tuple[str, ...] = tuple(DTYPES)
 
 Variant = Tuple[str, int]  # (dtype short name, head dim)
 
@@ -47,7 +79,7 @@ def _is_none(text: str) -> bool:
 
 
 def parse_head_dims(text: str | None) -> Tuple[int, ...]:
-    """'64,128' -> (64, 128); None -> the defaults; '' or 'none' -> () (no main kernel)."""
+    """'64,128' -> (64, 128); None -> all of TILES; '' or 'none' -> () (no main kernel)."""
     if text is None:
         return DEFAULT_HEAD_DIMS
     if _is_none(text):
@@ -61,8 +93,9 @@ def parse_head_dims(text: str | None) -> Tuple[int, ...]:
             d = int(part)
         except ValueError:
             raise ValueError(f"head dim {part!r} is not an integer (in {text!r})") from None
-        if d <= 0 or d % 8 != 0 or d > MAX_HEAD_DIM:
-            raise ValueError(f"head dim {d} is not a multiple of 8 in [8, {MAX_HEAD_DIM}]")
+        if d not in TILES:
+            raise ValueError(f"head dim {d} has no tile configuration; choose from "
+                             f"{', '.join(map(str, DEFAULT_HEAD_DIMS))}")
         if d not in dims:
             dims.append(d)
     return tuple(sorted(dims))
@@ -80,7 +113,7 @@ def parse_dtypes(text: str | None) -> Tuple[str, ...]:
         if not part:
             continue
         if part not in _DTYPE_ALIASES:
-            raise ValueError(f"unknown dtype {part!r}; choose from fp16, bf16")
+            raise ValueError(f"unknown dtype {part!r}; choose from {', '.join(DTYPES)}")
         name = _DTYPE_ALIASES[part]
         if name not in out:
             out.append(name)
@@ -100,7 +133,7 @@ def template_header_exists(csrc_dir: str = HERE) -> bool:
     return os.path.isfile(os.path.join(csrc_dir, TEMPLATE_HEADER))
 
 
-def _write_if_changed(path: str, text: str) -> bool:
+def write_if_changed(path: str, text: str) -> bool:
     try:
         with open(path, "r", encoding="utf-8") as f:
             if f.read() == text:
@@ -126,14 +159,26 @@ def instantiation_source(dtype: str, head_dim: int) -> str:
     )
 
 
+def _cpp_bool(b: bool) -> str:
+    return "true" if b else "false"
+
+
 def variants_header(selected: Sequence[Variant], main_kernel: bool) -> str:
     lines = [
         HEADER_NOTE,
-        "// The main-kernel variants compiled into torch_sm90_sdpa._C.\n",
-        "// X(dtype enumerator of sm90_sdpa::DType, dtype name, dtype code, head dim)\n",
+        "// The variants compiled into torch_sm90_sdpa._C and the tile configuration of every\n",
+        "// head dim, from csrc/generate_instantiations.py (DTYPES, TILES).\n",
         "#pragma once\n\n",
+        '#include "bwd_params.h"\n\n',
+    ]
+    for name, (enum, code) in DTYPES.items():
+        lines.append(f"static_assert(static_cast<int>(sm90_sdpa::DType::{enum}) == {code}, "
+                     f"\"DType code of {name}\");\n")
+    lines += [
+        "\n",
         f"#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED {1 if main_kernel and selected else 0}\n",
         f"#define TORCH_SM90_SDPA_NUM_VARIANTS {len(selected) if main_kernel else 0}\n",
+        "// X(dtype enumerator of sm90_sdpa::DType, dtype name, dtype code, head dim)\n",
         "#define TORCH_SM90_SDPA_FOR_EACH_VARIANT(X)",
     ]
     if main_kernel:
@@ -144,16 +189,68 @@ def variants_header(selected: Sequence[Variant], main_kernel: bool) -> str:
     return "".join(lines)
 
 
+def tile_configs_header() -> str:
+    """DefaultBwdConfig<D> for every head dim of TILES (included by kernel/bwd_config.h)."""
+    lines = [
+        HEADER_NOTE,
+        "// The main kernel's tile per head dim (TILES in csrc/generate_instantiations.py).\n",
+        "#pragma once\n\n",
+        "namespace sm90_sdpa {\nnamespace kernel {\n\n",
+        "//                                       D    M    N  WG  Q dO dS  swapSdP swapdKV "
+        "MSdP NdKV MdQ slices\n",
+    ]
+    for d, t in sorted(TILES.items()):
+        lines.append(
+            f"template <> struct DefaultBwdConfig<{d}>\n"
+            f"    : BwdTileConfig<{d}, {t.block_m}, {t.block_n}, {t.mma_wg}, {t.stages_q}, "
+            f"{t.stages_do}, {t.stages_ds}, {_cpp_bool(t.swap_sdp)}, {_cpp_bool(t.swap_dkv)}, "
+            f"{t.atom_m_sdp}, {t.atom_n_dkv}, {t.atom_m_dq}, {t.dq_slices}> {{}};\n")
+    lines.append("\n}  // namespace kernel\n}  // namespace sm90_sdpa\n")
+    return "".join(lines)
+
+
+def tile_table_markdown() -> str:
+    """The tile table of docs/KERNEL.md."""
+    rows = ["| D | tile (M x N) | MMA WGs | stages Q/dO/dS | S, dP | dV, dK | dQ slices |",
+            "|---|---|---|---|---|---|---|"]
+    for d, t in sorted(TILES.items()):
+        sdp = "S^T = K Q^T (swapped)" if t.swap_sdp else "S = Q K^T"
+        dkv = ("dV^T = dO^T P, dK^T = Q^T dS (SS)" if t.swap_dkv else
+               "RS: P^T, dS^T from registers" if t.swap_sdp else "SS")
+        rows.append(f"| {d} | {t.block_m} x {t.block_n} | {t.mma_wg} | "
+                    f"{t.stages_q}/{t.stages_do}/{t.stages_ds} | {sdp} | {dkv} | {t.dq_slices} |")
+    return "\n".join(rows) + "\n"
+
+
+def build_config_source(*, cuda: bool, reason: str | None, main_kernel: bool,
+                        selected: Sequence[Variant], arch: str) -> str:
+    """torch_sm90_sdpa/_build_config.py: what a build produced, and the tables it was made
+    from (Python reads them here instead of keeping its own copies)."""
+    built = tuple(selected) if cuda and main_kernel else ()
+    return "\n".join([
+        "# Generated at build time by csrc/generate_instantiations.py (through setup.py); do not",
+        "# edit (git-ignored). The loaded torch_sm90_sdpa._C is the authority at run time.",
+        f"CUDA_EXTENSION = {cuda!r}",
+        f"REASON = {reason!r}",
+        f"MAIN_KERNEL = {bool(built)!r}",
+        f"VARIANTS = {built!r}  # ((dtype name, head dim), ...) built",
+        f"ARCH = {arch!r}",
+        f"DTYPE_CODES = {{{', '.join(f'{n!r}: {c}' for n, (_, c) in DTYPES.items())}}}",
+        f"HEAD_DIMS = {DEFAULT_HEAD_DIMS!r}  # head dims with a tile configuration",
+        "",
+    ])
+
+
 def generate(
     out_dir: str = DEFAULT_OUT_DIR,
     head_dims: Iterable[int] = DEFAULT_HEAD_DIMS,
     dtypes: Iterable[str] = DEFAULT_DTYPES,
     main_kernel: bool = True,
 ) -> List[str]:
-    """Write the instantiation files and compiled_variants.h into out_dir.
+    """Write the instantiation files, variants.h and tile_configs.h into out_dir.
 
-    main_kernel=False (e.g. the template header does not exist yet) writes no instantiation
-    and an empty variant list. Returns the paths of the .cu files to compile, in order.
+    main_kernel=False writes no instantiation and an empty variant list. Returns the paths of
+    the .cu files to compile, in order.
     """
     os.makedirs(out_dir, exist_ok=True)
     selected = variants(head_dims, dtypes) if main_kernel else []
@@ -166,10 +263,13 @@ def generate(
     paths = []
     for name, text in wanted.items():
         path = os.path.join(out_dir, name)
-        _write_if_changed(path, text)
+        write_if_changed(path, text)
         paths.append(path)
-    _write_if_changed(os.path.join(out_dir, "compiled_variants.h"),
-                      variants_header(selected, main_kernel))
+    write_if_changed(os.path.join(out_dir, "variants.h"), variants_header(selected, main_kernel))
+    write_if_changed(os.path.join(out_dir, "tile_configs.h"), tile_configs_header())
+    stale = os.path.join(out_dir, "compiled_variants.h")  # the name before variants.h
+    if os.path.exists(stale):
+        os.remove(stale)
     return paths
 
 
@@ -180,7 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES))
     ap.add_argument("--no-main-kernel", action="store_true",
                     help="write no instantiation (pre/post kernels only)")
+    ap.add_argument("--docs", action="store_true",
+                    help="print the tile table of docs/KERNEL.md and exit")
     args = ap.parse_args(argv)
+    if args.docs:
+        print(tile_table_markdown(), end="")
+        return 0
     main_kernel = not args.no_main_kernel
     if main_kernel and not template_header_exists():
         print(f"note: csrc/{TEMPLATE_HEADER} does not exist: no main-kernel instantiations",

@@ -85,7 +85,7 @@ struct PreArgs {
   int64_t dout_sb, dout_sh, dout_sr;
   const float* lse;
   int64_t lse_sb, lse_sh, lse_sr;
-  float* dsum;
+  float* dpsum;
   float* lse_log2;
   float* dq_accum;
   float* dk_accum;  // may be null (then rows_kv == 0)
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreArgs 
         d = 0.f;
         l2 = INFINITY;
       }
-      a.dsum[row] = d;
+      a.dpsum[row] = d;
       a.lse_log2[row] = l2;
     }
   }
@@ -284,7 +284,7 @@ void run_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   a.lse_sb = p.lse_batch_stride;
   a.lse_sh = p.lse_head_stride;
   a.lse_sr = p.lse_row_stride;
-  a.dsum = p.dsum;
+  a.dpsum = p.dpsum;
   a.lse_log2 = p.lse_log2;
   a.dq_accum = p.dq_accum;
   a.dk_accum = p.dk_accum;

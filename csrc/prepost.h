@@ -10,13 +10,13 @@
 namespace sm90_sdpa {
 
 // For every (b, h, row) of the q side, row < seqlen_q_rounded:
-//   row < Sq:  dsum[b,h,row] = sum_d float(dout[b,h,row,d]) * float(out[b,h,row,d])  (fp32)
+//   row < Sq:  dpsum[b,h,row] = sum_d float(dout[b,h,row,d]) * float(out[b,h,row,d])  (fp32)
 //              lse_log2[b,h,row] = lse[b,h,row] * log2(e)   (lse read through its strides)
-//   padding:   dsum = 0, lse_log2 = +inf
+//   padding:   dpsum = 0, lse_log2 = +inf
 // and zeroes dq_accum [B, Hq, Sq_rounded, D] entirely; when dk_accum / dv_accum are non-null,
 // zeroes them as well ([B, Hkv, Sk_rounded, D] and [B, Hkv, Sk_rounded, Dv]).
 // Reads: batch, heads_q, heads_kv, seqlen_q(_rounded), seqlen_k_rounded, head_dim(_v), dtype,
-// out, dout, lse (+ strides), dsum, lse_log2, dq_accum, dk_accum, dv_accum, num_sms (0: a default).
+// out, dout, lse (+ strides), dpsum, lse_log2, dq_accum, dk_accum, dv_accum, num_sms (0: a default).
 // Launches nothing when the work is empty (batch, heads or rows 0).
 void run_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
 

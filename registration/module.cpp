@@ -1,15 +1,22 @@
 // The pybind11 module torch_sm90_sdpa._C: torch-free (pybind11 + the CUDA runtime only).
+// A typed binding of the device layer (bwd_device.h) plus the registration of the C++ CUDA
+// kernel of torch_sm90_sdpa::sdpa_backward (torch_op.h).
 //
-//   _C.BwdParams()                  every field of sm90_sdpa::BwdParams as a read/write property;
-//                                   pointers as Python ints (tensor.data_ptr()), dtype as an int
-//                                   (0 fp16, 1 bf16)
-//   _C.preprocess(params, stream)   stream: int (torch.cuda.Stream.cuda_stream)
-//   _C.postprocess(params, stream)
-//   _C.backward(params, stream)
-//   _C.has_variant(head_dim, dtype) -> bool
-//   _C.compiled_variants() -> list[(dtype name, head dim)]
-//   _C.build_info() -> dict
-//   _C.SEQ_ROUND, _C.FP16, _C.BF16
+//   _C.OperandLayout(batch_stride=, head_stride=, row_stride=, col_stride=1, address_align=16)
+//   _C.OperandLayout.of(strides, data_ptr)            from a tensor's stride() and data_ptr()
+//   _C.BwdProblem(batch=, heads_q=, ..., dtype=, is_causal=, deterministic=, cc_major=, cc_minor=)
+//       .q .k .v .out .dout .lse .dq .dk .dv          OperandLayout of each operand
+//   _C.can_implement(problem) -> Decision             .verdict ("served" / "empty" /
+//                                                     "unsupported"), .copy (operand names),
+//                                                     .reason, .detail
+//   _C.workspace_layout(problem) -> WorkspaceLayout   byte offsets and size of the fp32 workspace
+//   _C.BwdPointers(q=, k=, ..., workspace=)           data addresses (ints)
+//   _C.make_params(problem, pointers, scale) -> BwdParams
+//   _C.run(params, stream) / _C.preprocess(params, stream) / _C.postprocess(params, stream)
+//   _C.register_torch_ops(libtorch_cpu, libtorch_cuda, cuda_kernel, probe) -> "" or why not
+//   _C.cuda_kernel_registered(), _C.cuda_calls()
+//   _C.has_variant(head_dim, dtype_code), _C.compiled_variants(), _C.build_info()
+//   _C.SEQ_ROUND, _C.DTYPE_CODES ({"fp16": 0, "bf16": 1})
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -18,9 +25,11 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <vector>
 
-#include "bwd_api.h"
+#include "bwd_device.h"
 #include "bwd_params.h"
+#include "torch_op.h"
 
 #if __has_include("instantiations/build_info.h")
 #include "instantiations/build_info.h"
@@ -44,6 +53,7 @@
 namespace py = pybind11;
 using sm90_sdpa::BwdParams;
 using sm90_sdpa::DType;
+namespace dev = sm90_sdpa::device;
 
 namespace {
 
@@ -68,7 +78,7 @@ std::string repr(const BwdParams& p) {
   std::ostringstream s;
   s << "BwdParams(batch=" << p.batch << ", heads_q=" << p.heads_q << ", heads_kv=" << p.heads_kv
     << ", seqlen_q=" << p.seqlen_q << ", seqlen_k=" << p.seqlen_k << ", head_dim=" << p.head_dim
-    << ", head_dim_v=" << p.head_dim_v << ", dtype=" << sm90_sdpa::api::dtype_name(dtype_code(p))
+    << ", head_dim_v=" << p.head_dim_v << ", dtype=" << dev::dtype_name(dtype_code(p))
     << ", scale=" << p.scale << ", is_causal=" << (p.is_causal ? "True" : "False")
     << ", deterministic=" << (p.deterministic ? "True" : "False")
     << ", gqa_accum=" << (p.dk_accum != nullptr ? "True" : "False") << ")";
@@ -77,15 +87,15 @@ std::string repr(const BwdParams& p) {
 
 py::list variants_list() {
   py::list out;
-  for (const auto& v : sm90_sdpa::api::compiled_variants()) {
-    out.append(py::make_tuple(sm90_sdpa::api::dtype_name(v.first), v.second));
+  for (const auto& v : dev::compiled_variants()) {
+    out.append(py::make_tuple(dev::dtype_name(v.first), v.second));
   }
   return out;
 }
 
 py::dict build_info() {
   py::dict d;
-  d["main_kernel_compiled"] = sm90_sdpa::api::main_kernel_compiled();
+  d["main_kernel_compiled"] = dev::main_kernel_compiled();
   d["variants"] = variants_list();
   d["arch"] = TORCH_SM90_SDPA_ARCH;
   d["nvcc_version"] = TORCH_SM90_SDPA_NVCC_VERSION;
@@ -97,111 +107,45 @@ py::dict build_info() {
   return d;
 }
 
-// ---- BwdParams.assign: one call instead of ~60 property writes (the per-call fast path) ----
-// Order (34 positional values; strides as tuples whose first three items are used):
-//   batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v, dtype, scale,
-//   is_causal, deterministic,
-//   q_ptr, q_strides, k_ptr, k_strides, v_ptr, v_strides, out_ptr, out_strides,
-//   dout_ptr, dout_strides, lse_ptr, lse_strides, dq_ptr, dq_strides, dk_ptr, dk_strides,
-//   dv_ptr, dv_strides,
-//   dsum_ptr, lse_log2_ptr, dq_accum_ptr, dk_accum_ptr, dv_accum_ptr
-// seqlen_*_rounded and scale_log2 are derived; num_sms is left to the launch.
-constexpr int kAssignArgs = 11 + 2 * 9 + 5;
-
-long long as_ll(PyObject* o, int i) {
-  long long v = PyLong_AsLongLong(o);
-  if (v == -1 && PyErr_Occurred()) {
-    PyErr_Clear();
-    throw py::type_error("torch_sm90_sdpa: BwdParams.assign argument " + std::to_string(i) +
-                         " must be an int");
+const char* verdict_name(dev::Verdict v) {
+  switch (v) {
+    case dev::Verdict::kServed: return "served";
+    case dev::Verdict::kEmpty: return "empty";
+    default: return "unsupported";
   }
-  return v;
 }
 
-std::uintptr_t as_ptr(PyObject* o, int i) {
-  unsigned long long v = PyLong_AsUnsignedLongLong(o);
-  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
-    PyErr_Clear();
-    throw py::type_error("torch_sm90_sdpa: BwdParams.assign argument " + std::to_string(i) +
-                         " must be a non-negative int (a data_ptr())");
-  }
-  return static_cast<std::uintptr_t>(v);
+int address_align(std::uintptr_t a) {
+  int align = 1;
+  while (align < 16 && a % (2 * align) == 0) align *= 2;
+  return align;
 }
 
-int as_int(PyObject* o, int i) {
-  long long v = as_ll(o, i);
-  if (v < INT32_MIN || v > INT32_MAX) {
-    throw py::value_error("torch_sm90_sdpa: BwdParams.assign argument " + std::to_string(i) +
-                          " does not fit in int32");
+// OperandLayout.of(strides, data_ptr): a [B, H, S(, X)] tensor's layout from stride() (a tuple
+// of 3 or 4 ints) and data_ptr().
+dev::OperandLayout layout_of(const py::tuple& strides, std::uintptr_t data_ptr) {
+  if (strides.size() < 3 || strides.size() > 4) {
+    throw py::value_error("torch_sm90_sdpa: OperandLayout.of needs 3 or 4 strides");
   }
-  return static_cast<int>(v);
+  dev::OperandLayout l;
+  l.batch_stride = strides[0].cast<int64_t>();
+  l.head_stride = strides[1].cast<int64_t>();
+  l.row_stride = strides[2].cast<int64_t>();
+  l.col_stride = strides.size() == 4 ? strides[3].cast<int64_t>() : 1;
+  l.address_align = address_align(data_ptr);
+  return l;
 }
 
-void as_strides(PyObject* o, int i, int64_t& sb, int64_t& sh, int64_t& sr) {
-  if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) < 3) {
-    throw py::type_error("torch_sm90_sdpa: BwdParams.assign argument " + std::to_string(i) +
-                         " must be a stride tuple of length >= 3");
-  }
-  sb = as_ll(PyTuple_GET_ITEM(o, 0), i);
-  sh = as_ll(PyTuple_GET_ITEM(o, 1), i);
-  sr = as_ll(PyTuple_GET_ITEM(o, 2), i);
-}
-
-void assign(BwdParams& p, const py::args& args) {
-  if (static_cast<int>(args.size()) != kAssignArgs) {
-    throw py::type_error("torch_sm90_sdpa: BwdParams.assign takes " +
-                         std::to_string(kAssignArgs) + " arguments, got " +
-                         std::to_string(args.size()));
-  }
-  PyObject* const* a = &PyTuple_GET_ITEM(args.ptr(), 0);
-  BwdParams n;
-  int i = 0;
-  n.batch = as_int(a[i], i); ++i;
-  n.heads_q = as_int(a[i], i); ++i;
-  n.heads_kv = as_int(a[i], i); ++i;
-  n.seqlen_q = as_int(a[i], i); ++i;
-  n.seqlen_k = as_int(a[i], i); ++i;
-  n.head_dim = as_int(a[i], i); ++i;
-  n.head_dim_v = as_int(a[i], i); ++i;
-  set_dtype(n, as_int(a[i], i)); ++i;
-  const double scale = PyFloat_AsDouble(a[i]);
-  if (scale == -1.0 && PyErr_Occurred()) {
-    PyErr_Clear();
-    throw py::type_error("torch_sm90_sdpa: BwdParams.assign: scale must be a float");
-  }
-  ++i;
-  n.scale = static_cast<float>(scale);
-  n.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  n.is_causal = PyObject_IsTrue(a[i]) == 1; ++i;
-  n.deterministic = PyObject_IsTrue(a[i]) == 1; ++i;
-  n.seqlen_q_rounded = sm90_sdpa::round_up_seq(n.seqlen_q);
-  n.seqlen_k_rounded = sm90_sdpa::round_up_seq(n.seqlen_k);
-#define ASSIGN_TENSOR(name, T)                                                          \
-  n.name = reinterpret_cast<T>(as_ptr(a[i], i)); ++i;                                   \
-  as_strides(a[i], i, n.name##_batch_stride, n.name##_head_stride, n.name##_row_stride); \
-  ++i;
-  ASSIGN_TENSOR(q, const void*)
-  ASSIGN_TENSOR(k, const void*)
-  ASSIGN_TENSOR(v, const void*)
-  ASSIGN_TENSOR(out, const void*)
-  ASSIGN_TENSOR(dout, const void*)
-  ASSIGN_TENSOR(lse, const float*)
-  ASSIGN_TENSOR(dq, void*)
-  ASSIGN_TENSOR(dk, void*)
-  ASSIGN_TENSOR(dv, void*)
-#undef ASSIGN_TENSOR
-  n.dsum = reinterpret_cast<float*>(as_ptr(a[i], i)); ++i;
-  n.lse_log2 = reinterpret_cast<float*>(as_ptr(a[i], i)); ++i;
-  n.dq_accum = reinterpret_cast<float*>(as_ptr(a[i], i)); ++i;
-  n.dk_accum = reinterpret_cast<float*>(as_ptr(a[i], i)); ++i;
-  n.dv_accum = reinterpret_cast<float*>(as_ptr(a[i], i)); ++i;
-  n.num_sms = p.num_sms;
-  p = n;
+template <int kOp>
+void bind_operand(py::class_<dev::BwdProblem>& c, const char* name) {
+  c.def_property(
+      name, [](const dev::BwdProblem& p) { return p.layout[kOp]; },
+      [](dev::BwdProblem& p, const dev::OperandLayout& l) { p.layout[kOp] = l; });
 }
 
 }  // namespace
 
-// read/write properties
+// read/write properties of BwdParams (tests of the pre/post kernels set them one by one)
 #define FIELD(name) .def_readwrite(#name, &BwdParams::name)
 #define PTR_FIELD(name, T)                                                            \
   .def_property(                                                                      \
@@ -213,13 +157,141 @@ void assign(BwdParams& p, const py::args& args) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_sm90_sdpa CUDA kernels (SM90 attention backward); torch-free";
 
+  py::class_<dev::OperandLayout>(m, "OperandLayout")
+      .def(py::init([](int64_t batch_stride, int64_t head_stride, int64_t row_stride,
+                       int64_t col_stride, int address_align) {
+             dev::OperandLayout l;
+             l.batch_stride = batch_stride;
+             l.head_stride = head_stride;
+             l.row_stride = row_stride;
+             l.col_stride = col_stride;
+             l.address_align = address_align;
+             return l;
+           }),
+           py::kw_only(), py::arg("batch_stride"), py::arg("head_stride"), py::arg("row_stride"),
+           py::arg("col_stride") = 1, py::arg("address_align") = 16)
+      .def_static("of", &layout_of, py::arg("strides"), py::arg("data_ptr"),
+                  "The layout of a tensor from its stride() and data_ptr().")
+      .def_readwrite("batch_stride", &dev::OperandLayout::batch_stride)
+      .def_readwrite("head_stride", &dev::OperandLayout::head_stride)
+      .def_readwrite("row_stride", &dev::OperandLayout::row_stride)
+      .def_readwrite("col_stride", &dev::OperandLayout::col_stride)
+      .def_readwrite("address_align", &dev::OperandLayout::address_align)
+      .def("__repr__", [](const dev::OperandLayout& l) {
+        std::ostringstream s;
+        s << "OperandLayout(strides=(" << l.batch_stride << ", " << l.head_stride << ", "
+          << l.row_stride << ", " << l.col_stride << "), address_align=" << l.address_align
+          << ")";
+        return s.str();
+      });
+
+  py::class_<dev::BwdProblem> problem(m, "BwdProblem");
+  problem
+      .def(py::init([](int batch, int heads_q, int heads_kv, int seqlen_q, int seqlen_k,
+                       int head_dim, int head_dim_v, int dtype, bool is_causal,
+                       bool deterministic, int cc_major, int cc_minor) {
+             dev::BwdProblem p;
+             p.batch = batch;
+             p.heads_q = heads_q;
+             p.heads_kv = heads_kv;
+             p.seqlen_q = seqlen_q;
+             p.seqlen_k = seqlen_k;
+             p.head_dim = head_dim;
+             p.head_dim_v = head_dim_v;
+             p.dtype = dtype;
+             p.is_causal = is_causal;
+             p.deterministic = deterministic;
+             p.cc_major = cc_major;
+             p.cc_minor = cc_minor;
+             return p;
+           }),
+           py::kw_only(), py::arg("batch"), py::arg("heads_q"), py::arg("heads_kv"),
+           py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("head_dim"), py::arg("head_dim_v"),
+           py::arg("dtype"), py::arg("is_causal") = false, py::arg("deterministic") = false,
+           py::arg("cc_major") = 9, py::arg("cc_minor") = 0)
+      .def_readwrite("batch", &dev::BwdProblem::batch)
+      .def_readwrite("heads_q", &dev::BwdProblem::heads_q)
+      .def_readwrite("heads_kv", &dev::BwdProblem::heads_kv)
+      .def_readwrite("seqlen_q", &dev::BwdProblem::seqlen_q)
+      .def_readwrite("seqlen_k", &dev::BwdProblem::seqlen_k)
+      .def_readwrite("head_dim", &dev::BwdProblem::head_dim)
+      .def_readwrite("head_dim_v", &dev::BwdProblem::head_dim_v)
+      .def_readwrite("dtype", &dev::BwdProblem::dtype)
+      .def_readwrite("is_causal", &dev::BwdProblem::is_causal)
+      .def_readwrite("deterministic", &dev::BwdProblem::deterministic)
+      .def_readwrite("cc_major", &dev::BwdProblem::cc_major)
+      .def_readwrite("cc_minor", &dev::BwdProblem::cc_minor);
+  bind_operand<dev::kQ>(problem, "q");
+  bind_operand<dev::kK>(problem, "k");
+  bind_operand<dev::kV>(problem, "v");
+  bind_operand<dev::kOut>(problem, "out");
+  bind_operand<dev::kDout>(problem, "dout");
+  bind_operand<dev::kLse>(problem, "lse");
+  bind_operand<dev::kDq>(problem, "dq");
+  bind_operand<dev::kDk>(problem, "dk");
+  bind_operand<dev::kDv>(problem, "dv");
+
+  py::class_<dev::Decision>(m, "Decision")
+      .def_property_readonly("verdict", [](const dev::Decision& d) { return verdict_name(d.verdict); })
+      .def_property_readonly("copy", [](const dev::Decision& d) {
+        std::vector<std::string> names;
+        for (int op = 0; op < dev::kNumOperands; ++op) {
+          if (d.copy_mask & (1u << op)) names.emplace_back(dev::operand_name(op));
+        }
+        return names;
+      })
+      .def_readonly("reason", &dev::Decision::reason)
+      .def_readonly("detail", &dev::Decision::detail)
+      .def("__repr__", [](const dev::Decision& d) {
+        return std::string("Decision(") + verdict_name(d.verdict) + ", reason='" + d.reason +
+               "', detail='" + d.detail + "')";
+      });
+  m.def("can_implement", &dev::can_implement, py::arg("problem"),
+        "Whether the SM90 kernels serve this problem (the one statement of their contract).");
+  m.def("tma_addressable",
+        [](const dev::OperandLayout& l, int elem_bytes, int batch, int heads, int rows) {
+          return dev::tma_addressable(l, elem_bytes, batch, heads, rows);
+        },
+        py::arg("layout"), py::arg("elem_bytes"), py::arg("batch"), py::arg("heads"),
+        py::arg("rows"));
+
+  py::class_<dev::WorkspaceLayout>(m, "WorkspaceLayout")
+      .def_readonly("dq_accum", &dev::WorkspaceLayout::dq_accum)
+      .def_readonly("dk_accum", &dev::WorkspaceLayout::dk_accum)
+      .def_readonly("dv_accum", &dev::WorkspaceLayout::dv_accum)
+      .def_readonly("dpsum", &dev::WorkspaceLayout::dpsum)
+      .def_readonly("lse_log2", &dev::WorkspaceLayout::lse_log2)
+      .def_readonly("bytes", &dev::WorkspaceLayout::bytes)
+      .def_readonly("gqa", &dev::WorkspaceLayout::gqa);
+  m.def("workspace_layout", &dev::workspace_layout, py::arg("problem"));
+
+  py::class_<dev::BwdPointers>(m, "BwdPointers")
+      .def(py::init([](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t out,
+                       std::uintptr_t dout, std::uintptr_t lse, std::uintptr_t dq,
+                       std::uintptr_t dk, std::uintptr_t dv, std::uintptr_t workspace) {
+             dev::BwdPointers p;
+             p.q = reinterpret_cast<const void*>(q);
+             p.k = reinterpret_cast<const void*>(k);
+             p.v = reinterpret_cast<const void*>(v);
+             p.out = reinterpret_cast<const void*>(out);
+             p.dout = reinterpret_cast<const void*>(dout);
+             p.lse = reinterpret_cast<const float*>(lse);
+             p.dq = reinterpret_cast<void*>(dq);
+             p.dk = reinterpret_cast<void*>(dk);
+             p.dv = reinterpret_cast<void*>(dv);
+             p.workspace = reinterpret_cast<void*>(workspace);
+             return p;
+           }),
+           py::kw_only(), py::arg("q") = 0, py::arg("k") = 0, py::arg("v") = 0,
+           py::arg("out") = 0, py::arg("dout") = 0, py::arg("lse") = 0, py::arg("dq") = 0,
+           py::arg("dk") = 0, py::arg("dv") = 0, py::arg("workspace") = 0);
+  m.def("make_params", &dev::make_params, py::arg("problem"), py::arg("pointers"),
+        py::arg("scale"), "The kernels' BwdParams of a problem, its tensors and its workspace.");
+
   py::class_<BwdParams>(m, "BwdParams")
       .def(py::init<>())
       .def("copy", [](const BwdParams& p) { return BwdParams(p); })
       .def("__repr__", &repr)
-      .def("assign", &assign,
-           "Set every field in one call (the fast path of _cuda_backend); see module.cpp "
-           "for the argument order.")
       // problem size
       FIELD(batch) FIELD(heads_q) FIELD(heads_kv) FIELD(seqlen_q) FIELD(seqlen_k)
       FIELD(head_dim) FIELD(head_dim_v) FIELD(seqlen_q_rounded) FIELD(seqlen_k_rounded)
@@ -231,43 +303,54 @@ PYBIND11_MODULE(_C, m) {
       TENSOR_FIELDS(out, const void*) TENSOR_FIELDS(dout, const void*)
       TENSOR_FIELDS(lse, const float*)
       // fp32 workspaces
-      PTR_FIELD(dsum, float*) PTR_FIELD(lse_log2, float*) PTR_FIELD(dq_accum, float*)
+      PTR_FIELD(dpsum, float*) PTR_FIELD(lse_log2, float*) PTR_FIELD(dq_accum, float*)
       PTR_FIELD(dk_accum, float*) PTR_FIELD(dv_accum, float*)
       // outputs
       TENSOR_FIELDS(dq, void*) TENSOR_FIELDS(dk, void*) TENSOR_FIELDS(dv, void*)
-      FIELD(num_sms);
+      FIELD(num_sms) FIELD(l2_bytes);
 
   m.def(
       "preprocess",
-      [](BwdParams& p, std::uintptr_t stream) {
+      [](const BwdParams& p, std::uintptr_t stream) {
         py::gil_scoped_release nogil;
-        sm90_sdpa::api::preprocess(p, to_stream(stream));
+        dev::run_preprocess(p, to_stream(stream));
       },
       py::arg("params"), py::arg("stream"),
-      "dsum = rowsum(dout * out), lse_log2 = lse * log2(e) (+inf / 0 in the padding rows), "
+      "dpsum = rowsum(dout * out), lse_log2 = lse * log2(e) (+inf / 0 in the padding rows), "
       "zero dq_accum (and dk_accum / dv_accum when set).");
   m.def(
       "postprocess",
-      [](BwdParams& p, std::uintptr_t stream) {
+      [](const BwdParams& p, std::uintptr_t stream) {
         py::gil_scoped_release nogil;
-        sm90_sdpa::api::postprocess(p, to_stream(stream));
+        dev::run_postprocess(p, to_stream(stream));
       },
       py::arg("params"), py::arg("stream"),
       "dq = scale * dq_accum in the output dtype and strides; when dk_accum is set also "
       "dk = scale * dk_accum and dv = dv_accum.");
   m.def(
-      "backward",
-      [](BwdParams& p, std::uintptr_t stream) {
+      "run",
+      [](const BwdParams& p, std::uintptr_t stream) {
         py::gil_scoped_release nogil;
-        sm90_sdpa::api::backward(p, to_stream(stream));
+        dev::run(p, to_stream(stream));
       },
       py::arg("params"), py::arg("stream"),
       "preprocess + main SM90 backward kernel + postprocess, on the given stream.");
-  m.def("has_variant", &sm90_sdpa::api::has_variant, py::arg("head_dim"), py::arg("dtype"),
+
+  m.def("register_torch_ops", &sm90_sdpa::torch_op::register_ops, py::arg("libtorch_cpu"),
+        py::arg("libtorch_cuda"), py::arg("cuda_kernel") = true, py::arg("probe") = false,
+        "Register the C++ CUDA kernel of torch_sm90_sdpa::sdpa_backward (and the CPU test op "
+        "_stable_abi_probe) with torch's dispatcher; '' on success, else why not.");
+  m.def("cuda_kernel_registered", &sm90_sdpa::torch_op::cuda_kernel_registered);
+  m.def("cuda_calls", &sm90_sdpa::torch_op::cuda_calls,
+        "Calls of the C++ CUDA kernel of sdpa_backward in this process.");
+
+  m.def("has_variant", &dev::has_variant, py::arg("head_dim"), py::arg("dtype"),
         "Whether the main kernel for (head_dim, dtype code 0 fp16 / 1 bf16) is compiled.");
   m.def("compiled_variants", &variants_list, "[(dtype name, head dim), ...] compiled.");
   m.def("build_info", &build_info, "How this module was built.");
   m.attr("SEQ_ROUND") = sm90_sdpa::kSeqRound;
-  m.attr("FP16") = static_cast<int>(DType::kFloat16);
-  m.attr("BF16") = static_cast<int>(DType::kBFloat16);
+  py::dict codes;
+  codes["fp16"] = static_cast<int>(DType::kFloat16);
+  codes["bf16"] = static_cast<int>(DType::kBFloat16);
+  m.attr("DTYPE_CODES") = codes;
 }

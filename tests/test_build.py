@@ -5,6 +5,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -97,14 +98,17 @@ def test_generator_writes_one_file_per_variant(tmp_path):
     paths = gen.generate(str(tmp_path), head_dims=(128, 64), dtypes=("bf16",), main_kernel=True)
     names = sorted(os.path.basename(p) for p in paths)
     assert names == ["bwd_main_bf16_hdim128.cu", "bwd_main_bf16_hdim64.cu"]
-    assert sorted(os.listdir(tmp_path)) == names + ["compiled_variants.h"]
+    assert sorted(os.listdir(tmp_path)) == names + ["tile_configs.h", "variants.h"]
     src = (tmp_path / "bwd_main_bf16_hdim64.cu").read_text()
     assert '#include "bwd_main_launch_template.h"' in src
     assert "template void run_bwd_main<DType::kBFloat16, 64>(const BwdParams&, cudaStream_t);" in src
-    hdr = (tmp_path / "compiled_variants.h").read_text()
+    hdr = (tmp_path / "variants.h").read_text()
     assert "#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED 1" in hdr
     assert 'X(kBFloat16, "bf16", 1, 64)' in hdr and 'X(kBFloat16, "bf16", 1, 128)' in hdr
-    assert "kFloat16" not in hdr.replace("kBFloat16", "")
+    assert 'X(kFloat16' not in hdr
+    tiles = (tmp_path / "tile_configs.h").read_text()
+    for d in gen.TILES:  # every head dim's tile, compiled or not
+        assert f"struct DefaultBwdConfig<{d}>" in tiles
 
     # all defaults: 10 files, fp16 first
     paths = gen.generate(str(tmp_path))
@@ -113,14 +117,15 @@ def test_generator_writes_one_file_per_variant(tmp_path):
 
     # a narrower selection removes the files of the variants no longer built
     gen.generate(str(tmp_path), head_dims=(96,), dtypes=("fp16",))
-    assert sorted(os.listdir(tmp_path)) == ["bwd_main_fp16_hdim96.cu", "compiled_variants.h"]
+    assert sorted(os.listdir(tmp_path)) == ["bwd_main_fp16_hdim96.cu", "tile_configs.h",
+                                            "variants.h"]
 
 
 def test_generator_without_main_kernel(tmp_path):
     paths = gen.generate(str(tmp_path), head_dims=(64,), dtypes=("fp16",), main_kernel=False)
     assert paths == []
-    assert os.listdir(tmp_path) == ["compiled_variants.h"]
-    hdr = (tmp_path / "compiled_variants.h").read_text()
+    assert sorted(os.listdir(tmp_path)) == ["tile_configs.h", "variants.h"]
+    hdr = (tmp_path / "variants.h").read_text()
     assert "#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED 0" in hdr
     assert "#define TORCH_SM90_SDPA_NUM_VARIANTS 0" in hdr
 
@@ -133,21 +138,61 @@ def test_generator_leaves_unchanged_files_alone(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
-def test_variants_header_expands_to_valid_dispatch(tmp_path):
-    gen.generate(str(tmp_path), head_dims=(64, 256), dtypes=("fp16", "bf16"))
+def test_generated_headers_compile_into_a_dispatch(tmp_path):
+    """variants.h and tile_configs.h compile against the real bwd_params.h / bwd_config.h."""
+    inst = tmp_path / "instantiations"
+    gen.generate(str(inst), head_dims=(64, 256), dtypes=("fp16", "bf16"))
     prog = tmp_path / "check.cpp"
     prog.write_text(
-        '#include "compiled_variants.h"\n'
-        "enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };\n"
-        "template <DType T, int D> int run() { return int(T) * 1000 + D; }\n"
+        '#include "instantiations/variants.h"\n'
+        '#include "kernel/bwd_config.h"\n'
+        "using sm90_sdpa::DType;\n"
+        "template <DType T, int D> int run() {\n"
+        "  return int(T) * 1000 + sm90_sdpa::kernel::DefaultBwdConfig<D>::kBlockN; }\n"
         "int dispatch(int dt, int d) {\n"
         "#define CASE(E, N, C, D) if (dt == C && d == D) return run<DType::E, D>();\n"
         "  TORCH_SM90_SDPA_FOR_EACH_VARIANT(CASE)\n  return -1;\n}\n"
-        "int main() { return (dispatch(1, 256) == 1256 && dispatch(0, 64) == 64 &&\n"
+        "int main() { return (dispatch(1, 256) == 1064 && dispatch(0, 64) == 128 &&\n"
         "                     dispatch(0, 128) == -1 && TORCH_SM90_SDPA_NUM_VARIANTS == 4) ? 0 : 1; }\n")
     exe = tmp_path / "check"
-    subprocess.run(["g++", "-std=c++17", f"-I{tmp_path}", str(prog), "-o", str(exe)], check=True)
+    subprocess.run(["g++", "-std=c++17", f"-I{tmp_path}", f"-I{os.path.join(ROOT, 'csrc')}",
+                    str(prog), "-o", str(exe)], check=True)
     assert subprocess.run([str(exe)]).returncode == 0
+
+
+def test_docs_tile_table_is_the_generators():
+    """docs/KERNEL.md shows the tile table generated from TILES (the one source)."""
+    with open(os.path.join(ROOT, "docs", "KERNEL.md"), encoding="utf-8") as f:
+        doc = f.read()
+    assert gen.tile_table_markdown() in doc, (
+        "docs/KERNEL.md's tile table differs from csrc/generate_instantiations.py's TILES; "
+        "regenerate it with `python csrc/generate_instantiations.py --docs`")
+
+
+def test_build_config_matches_the_generator():
+    """Python's tables come from the generator (through the build's _build_config)."""
+    cfg = _extension._build_config()
+    assert cfg is not None, "torch_sm90_sdpa/_build_config.py is generated by every build"
+    assert cfg.DTYPE_CODES == {n: c for n, (_, c) in gen.DTYPES.items()}
+    assert tuple(cfg.HEAD_DIMS) == gen.DEFAULT_HEAD_DIMS
+    assert [_extension.dtype_code(d) for d in _extension.KERNEL_DTYPES] == list(
+        cfg.DTYPE_CODES.values())
+    if C is not None:
+        assert dict(C.DTYPE_CODES) == cfg.DTYPE_CODES
+
+
+def test_setup_py_import_writes_nothing(tmp_path):
+    """Importing setup.py (what pip does to read metadata) generates no file."""
+    watched = [os.path.join(ROOT, "csrc", "instantiations"), os.path.join(ROOT, "torch_sm90_sdpa")]
+    before = {d: {f: os.path.getmtime(os.path.join(d, f)) for f in os.listdir(d)}
+              for d in watched if os.path.isdir(d)}
+    code = ("import runpy, sys, setuptools; setuptools.setup = lambda **kw: None; "
+            f"sys.argv = ['setup.py']; runpy.run_path({os.path.join(ROOT, 'setup.py')!r})")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(tmp_path),
+                   env={**os.environ, "TORCH_SM90_SDPA_HEAD_DIMS": "64"})
+    after = {d: {f: os.path.getmtime(os.path.join(d, f)) for f in os.listdir(d)}
+             for d in watched if os.path.isdir(d)}
+    assert before == after
 
 
 # ---- the torch-free bindings (no GPU needed) ------------------------------------------------
@@ -169,7 +214,7 @@ def test_bwd_params_properties_round_trip():
             field = f"{name}_{kind}_stride"
             setattr(p, field, (1 << 33) + 7 * j + i)
             assert getattr(p, field) == (1 << 33) + 7 * j + i
-    for i, name in enumerate(["dsum", "lse_log2", "dq_accum", "dk_accum", "dv_accum"]):
+    for i, name in enumerate(["dpsum", "lse_log2", "dq_accum", "dk_accum", "dv_accum"]):
         setattr(p, name, 4096 * (i + 1))
         assert getattr(p, name) == 4096 * (i + 1)
     p.dtype = 0
@@ -187,11 +232,11 @@ def test_bwd_params_properties_round_trip():
     q.batch = 99
     assert p.batch == 3 and q.dk_accum == p.dk_accum
     assert "BwdParams(" in repr(p)
-    assert C.SEQ_ROUND == 128 and C.FP16 == 0 and C.BF16 == 1
+    assert C.SEQ_ROUND == 128 and dict(C.DTYPE_CODES) == {"fp16": 0, "bf16": 1}
 
 
 @needs_C
-def test_bwd_params_assign_matches_properties():
+def test_make_params_fills_every_field():
     from torch_sm90_sdpa import _cuda_backend as cb
 
     q = torch.randn(2, 40, 8, 64, dtype=torch.bfloat16).transpose(1, 2)  # BSHD view
@@ -211,14 +256,28 @@ def test_bwd_params_assign_matches_properties():
         assert getattr(p, name) == t.data_ptr(), name
         assert (getattr(p, f"{name}_batch_stride"), getattr(p, f"{name}_head_stride"),
                 getattr(p, f"{name}_row_stride")) == t.stride()[:3], name
-    assert p.dq_accum == ws.dq_accum.data_ptr() and p.dsum == ws.dsum.data_ptr()
+    assert p.dq_accum == ws.dq_accum.data_ptr() and p.dpsum == ws.dpsum.data_ptr()
     assert p.dk_accum == ws.dk_accum.data_ptr() and p.dv_accum == ws.dv_accum.data_ptr()
     assert p.lse_log2 == ws.lse_log2.data_ptr()
     assert ws.dq_accum.shape == (2, 8, 128, 64) and ws.dk_accum.shape == (2, 2, 128, 64)
-    for t in (ws.dq_accum, ws.dk_accum, ws.dv_accum, ws.dsum, ws.lse_log2):
+    for t in (ws.dq_accum, ws.dk_accum, ws.dv_accum, ws.dpsum, ws.lse_log2):
         assert t.data_ptr() % 16 == 0 and t.is_contiguous()
-    with pytest.raises(TypeError):
-        p.assign(1, 2, 3)
+    # the workspace pieces tile the allocation without overlap
+    spans = sorted((t.data_ptr(), t.data_ptr() + 4 * t.numel())
+                   for t in (ws.dq_accum, ws.dk_accum, ws.dv_accum, ws.dpsum, ws.lse_log2))
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert spans[-1][1] - spans[0][0] == 4 * ws.buffer.numel()
+
+
+@needs_C
+def test_workspace_layout_mha_has_no_kv_accumulators():
+    p = C.BwdProblem(batch=2, heads_q=4, heads_kv=4, seqlen_q=130, seqlen_k=7, head_dim=64,
+                     head_dim_v=64, dtype=1)
+    w = C.workspace_layout(p)
+    sqr = 256
+    assert not w.gqa and w.dk_accum == w.dv_accum == w.dpsum
+    assert w.dpsum == 4 * 2 * 4 * sqr * 64 and w.lse_log2 == w.dpsum + 4 * 2 * 4 * sqr
+    assert w.bytes == w.lse_log2 + 4 * 2 * 4 * sqr
 
 
 def _valid_params():
@@ -226,7 +285,7 @@ def _valid_params():
     p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k = 1, 2, 1, 5, 6
     p.head_dim = p.head_dim_v = 64
     p.seqlen_q_rounded = p.seqlen_k_rounded = 128
-    for name in ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv", "dsum", "lse_log2",
+    for name in ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv", "dpsum", "lse_log2",
                  "dq_accum", "dk_accum", "dv_accum"):
         setattr(p, name, 1 << 20)
     for name in ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv"):
@@ -236,7 +295,7 @@ def _valid_params():
 
 
 @needs_C
-@pytest.mark.parametrize("fn", ["preprocess", "postprocess", "backward"])
+@pytest.mark.parametrize("fn", ["preprocess", "postprocess", "run"])
 @pytest.mark.parametrize("field,value,pattern", [
     ("seqlen_q", -1, "seqlen_q = -1 is negative|seqlen_q = -1 must be positive"),
     ("heads_kv", 3, "multiple of heads_kv"),
@@ -255,15 +314,15 @@ def test_backward_param_errors():
     p = _valid_params()
     p.head_dim_v = 32
     with pytest.raises(ValueError, match="head_dim_v == head_dim"):
-        C.backward(p, 0)
+        C.run(p, 0)
     p = _valid_params()
     p.dk_accum = p.dv_accum = 0
     with pytest.raises(ValueError, match="GQA"):
-        C.backward(p, 0)
+        C.run(p, 0)
     p = _valid_params()
     p.heads_q = 1
     with pytest.raises(ValueError, match="must be null when heads_q == heads_kv"):
-        C.backward(p, 0)
+        C.run(p, 0)
     p = _valid_params()
     p.dv_accum = 0
     with pytest.raises(ValueError, match="both set or both null"):
@@ -271,7 +330,7 @@ def test_backward_param_errors():
     p = _valid_params()
     p.head_dim = p.head_dim_v = 72  # never compiled
     with pytest.raises(RuntimeError, match=r"head_dim=72"):
-        C.backward(p, 0)
+        C.run(p, 0)
 
 
 @needs_C
@@ -288,7 +347,7 @@ def test_empty_problems(field):
     p = _valid_params()
     setattr(p, field, 0)
     with pytest.raises(ValueError, match="must be positive"):
-        C.backward(p, 0)
+        C.run(p, 0)
 
 
 @needs_C
@@ -300,4 +359,4 @@ def test_backward_needs_tma_compatible_operands(field, value):
     p.batch, p.heads_q, p.heads_kv = 2, 4, 2
     setattr(p, field, value)
     with pytest.raises(ValueError, match=field.split("_")[0] + " must have a 16-byte aligned"):
-        C.backward(p, 0)
+        C.run(p, 0)

@@ -105,9 +105,13 @@ def stock_backward(q, k, v, dout, is_causal, scale):
 
 def poison_allocator(*like):
     """Leave NaN-filled blocks of the outputs' sizes in the caching allocator, so that
-    torch.empty_like inside the op most likely hands out NaN memory."""
+    torch.empty_like inside the op hands out NaN memory; checks that it does."""
     blocks = [torch.full_like(t, float("nan")) for t in like for _ in range(2)]
     del blocks
+    probes = [torch.empty_like(t) for t in like]
+    assert all(torch.isnan(p).all() for p in probes if p.numel()), \
+        "the caching allocator did not hand the poisoned blocks back: the test proves nothing"
+    del probes
 
 
 def assert_close_to_reference(ours, stock, ref, name):

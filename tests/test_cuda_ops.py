@@ -61,8 +61,51 @@ def test_sdpa_backward_cuda_rejects_fp32():
     q, k, v = make_qkv(1, 2, 2, 16, 16, 64, dtype=torch.float32, device="cuda")
     out = torch.zeros_like(q)
     lse = torch.zeros(q.shape[:3], device="cuda")
-    with pytest.raises(TypeError, match="SM90 CUDA kernel expects dtype"):
+    with pytest.raises(RuntimeError, match="SM90 CUDA kernel expects dtype"):
         torch.ops.torch_sm90_sdpa.sdpa_backward(out, q, k, v, out, lse, False, 0.1, False)
+
+
+def test_cuda_kernel_is_the_cpp_one():
+    """On the GPU machine's torch the C++ kernel registers through the stable ABI."""
+    from torch_sm90_sdpa import ops
+
+    assert ops.cuda_kernel_kind() == "c++", _extension.cuda_kernel_reason()
+    assert torch_sm90_sdpa.build_info()["cuda_op"] == "c++"
+
+
+# The CPU table of tests/test_errors.py, on CUDA: the C++ kernel checks the same rules and
+# names the same argument (as RuntimeError: a C++ kernel raises no TypeError / ValueError).
+@pytest.mark.parametrize("case", list(range(16)))
+def test_cuda_errors_name_the_argument(case):
+    import test_errors
+
+    name, make_bad, _, pattern = test_errors.BACKWARD_CASES[case]
+    if "expected a tensor on cpu" in pattern or "expected dtype in" in pattern:
+        pytest.skip("a CPU-only message")
+    args = test_errors._valid_backward_args()
+    args[name] = make_bad(args)  # on CPU in fp32, then to CUDA in bf16 (the kernel's dtype)
+    args = {k: (v.to(torch.bfloat16) if v.dtype == torch.float32 and k != "lse" else v).cuda()
+            for k, v in args.items()}
+    pattern = pattern.replace("torch.float32", "torch.bfloat16") if name != "lse" else pattern
+    with pytest.raises(RuntimeError, match=pattern):
+        test_errors._call_backward(args)
+
+
+def test_python_path_matches_the_cpp_op():
+    """_cuda_backend.sdpa_backward_python (the fallback and the measured alternative) gives
+    the C++ op's gradients (up to the order of the fp32 dQ additions)."""
+    from torch_sm90_sdpa import _cuda_backend
+
+    torch.manual_seed(3)
+    q, k, v = make_qkv(2, 8, 2, 333, 200, 128, dtype=torch.bfloat16, device="cuda", layout="bshd")
+    out, lse = sdpa(q, k, v, False, 0.1, True)
+    go = torch.randn_like(out)
+    args = (go, q, k, v, out, lse, False, 0.1, False)
+    ours = torch.ops.torch_sm90_sdpa.sdpa_backward(*args)
+    py = _cuda_backend.sdpa_backward_python(*args)
+    for a, b in zip(ours, py):
+        assert a.stride() == b.stride()
+        torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2)
 
 
 def test_build_info_reports_cuda_extension():
@@ -74,16 +117,30 @@ def test_build_info_reports_cuda_extension():
         assert _extension.has_variant(head_dim, dtype)
 
 
-def test_deterministic_backward_uses_reference_math():
-    """deterministic=True on CUDA gives the reference gradients, bitwise repeatable."""
-    torch.manual_seed(1)
+def test_deterministic_op_call_is_refused_clearly():
+    """The SM90 kernel has no deterministic mode yet: a direct call says so."""
     q, k, v = make_qkv(1, 4, 2, 100, 80, 64, dtype=torch.bfloat16, device="cuda")
     out, lse = sdpa(q, k, v, True, 0.125, True)
-    grad_out = torch.randn_like(out)
-    args = (grad_out, q, k, v, out, lse, True, 0.125, True)
-    first = torch.ops.torch_sm90_sdpa.sdpa_backward(*args)
-    second = torch.ops.torch_sm90_sdpa.sdpa_backward(*args)
-    fast = torch.ops.torch_sm90_sdpa.sdpa_backward(*args[:-1], False)
-    for a, b, c in zip(first, second, fast):
+    with pytest.raises(RuntimeError, match="deterministic algorithms"):
+        torch.ops.torch_sm90_sdpa.sdpa_backward(torch.randn_like(out), q, k, v, out, lse, True,
+                                                0.125, True)
+
+
+def test_drop_in_backward_under_late_deterministic_mode():
+    """Deterministic algorithms switched on between forward and backward: the drop-in's
+    backward runs the reference math (bitwise repeatable, close to the fast kernel)."""
+    torch.manual_seed(1)
+    q, k, v = (t.requires_grad_() for t in
+               make_qkv(1, 4, 2, 100, 80, 64, dtype=torch.bfloat16, device="cuda"))
+    grads = []
+    for deterministic in (True, True, False):
+        out = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                           enable_gqa=True)
+        torch.use_deterministic_algorithms(deterministic)
+        try:
+            grads.append(torch.autograd.grad(out.sum(), (q, k, v)))
+        finally:
+            torch.use_deterministic_algorithms(False)
+    for a, b, c in zip(*grads):
         assert torch.equal(a, b)
         torch.testing.assert_close(a, c, atol=2e-2, rtol=2e-2)

@@ -5,9 +5,11 @@ import torch
 
 import torch_sm90_sdpa  # noqa: F401
 
-CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal)
+CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal): MHA and GQA epilogues, both tile families
     (1, 2, 2, 200, 200, 128, True),
     (1, 4, 2, 130, 77, 64, False),
+    (1, 4, 2, 150, 150, 256, True),
+    (1, 2, 2, 100, 190, 192, False),
 ]
 for b, hq, hkv, sq, sk, d, causal in CASES:
     q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)

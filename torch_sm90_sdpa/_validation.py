@@ -9,10 +9,11 @@ import math
 
 import torch
 
-# Floating dtypes the ops accept. The CUDA kernels serve fp16/bf16 only; fp32 and fp64
-# are served by the CPU reference (and give a clear error on CUDA).
+from ._extension import KERNEL_DTYPES
+
+# Floating dtypes the ops accept. The CUDA kernels serve KERNEL_DTYPES (fp16, bf16: the
+# generator's table); fp32 and fp64 are served by the CPU reference (a clear error on CUDA).
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-CUDA_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _check_tensor(name: str, t, ndim: int) -> None:
@@ -127,8 +128,8 @@ def check_backward_inputs(grad_out, q, k, v, out, lse, scale) -> None:
 
 
 def check_cuda_kernel_dtype(q: torch.Tensor) -> None:
-    if q.dtype not in CUDA_KERNEL_DTYPES:
+    if q.dtype not in KERNEL_DTYPES:
         raise TypeError(
-            f"query: the SM90 CUDA kernel expects dtype torch.float16 or torch.bfloat16, "
-            f"got {q.dtype}"
+            f"query: the SM90 CUDA kernel expects dtype "
+            f"{' or '.join(str(d) for d in KERNEL_DTYPES)}, got {q.dtype}"
         )

@@ -13,24 +13,18 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import _validation
+from . import policy
 
 log = logging.getLogger("torch_sm90_sdpa")
 
 
-def _cuda_unservable_reason(q: torch.Tensor) -> str | None:
+def _cuda_unservable_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     """Why the SM90 kernel cannot take this CUDA call, or None if it can."""
-    from . import _extension
-
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return f"device {q.device} is not SM90"
-    if q.dtype not in _validation.CUDA_KERNEL_DTYPES:
-        return f"dtype {q.dtype} has no SM90 kernel"
-    if not _extension.has_variant(q.size(-1), q.dtype):
-        return f"no compiled SM90 kernel for head dim {q.size(-1)} and {q.dtype}"
-    if torch.are_deterministic_algorithms_enabled():
-        return "deterministic algorithms requested"
-    return None
+    if any(t.dtype != q.dtype for t in (k, v)):
+        return "query/key/value dtypes differ"
+    return policy.kernel_verdict(q.dtype, q.size(-1), v.size(-1), q.size(1), k.size(1),
+                                 policy.device_capability(q.device),
+                                 torch.are_deterministic_algorithms_enabled())
 
 
 def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -> str | None:
@@ -52,7 +46,7 @@ def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -> s
     if query.size(1) != key.size(1) and not enable_gqa:
         return "head counts differ and enable_gqa is False"
     if query.device.type == "cuda":
-        return _cuda_unservable_reason(query)
+        return _cuda_unservable_reason(query, key, value)
     if query.device.type != "cpu":
         return f"device type {query.device.type} is not served"
     return None
@@ -79,13 +73,12 @@ def scaled_dot_product_attention(
     """
     reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa)
     if reason is None:
-        # A call we serve: bad input is reported by us, naming the argument (calls we do
-        # not serve go to stock SDPA untouched, which reports its own errors).
+        # A call we serve: the op checks it (bad input is reported naming the argument);
+        # calls we do not serve go to stock SDPA untouched, which reports its own errors.
         query, key, value = (
             t.contiguous() if t.size(-1) > 1 and t.stride(-1) != 1 else t
             for t in (query, key, value)
         )
-        _validation.check_attention_inputs(query, key, value)
     else:
         log.debug("scaled_dot_product_attention: stock path (%s)", reason)
         return F.scaled_dot_product_attention(

@@ -14,7 +14,7 @@ What it shows, in order:
 5. on Hopper: step time and attention-backward GPU time (torch.profiler) against the same
    model compiled without the rewrite, interleaved.
 
-The model (:class:`TinyTransformer`) is also what the tests compile.
+The model is :class:`torch_sm90_sdpa.testing.TinyTransformer`, which the tests compile too.
 """
 from __future__ import annotations
 
@@ -23,127 +23,13 @@ import copy
 import math
 import sys
 import time
-from typing import Optional
 
 import torch
 import torch._inductor.config
 import torch.nn as nn
-import torch.nn.functional as F
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import _extension, policy, routing
-
-
-# ---------------------------------------------------------------------------------------
-# the model
-# ---------------------------------------------------------------------------------------
-
-
-class Attention(nn.Module):
-    """Multi-head attention through F.scaled_dot_product_attention; GQA when
-    kv_heads < heads; cross-attention when called with a context."""
-
-    def __init__(self, dim: int, heads: int, kv_heads: Optional[int] = None,
-                 causal: bool = False, dropout: float = 0.0):
-        super().__init__()
-        self.heads, self.kv_heads = heads, kv_heads or heads
-        self.head_dim = dim // heads
-        self.causal, self.dropout = causal, dropout
-        self.wq = nn.Linear(dim, heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(dim, self.kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(dim, self.kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(heads * self.head_dim, dim, bias=False)
-
-    def forward(self, x, context=None, attn_mask=None):
-        b, s, _ = x.shape
-        src = x if context is None else context
-        sk = src.shape[1]
-        q = self.wq(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = self.wk(src).view(b, sk, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(src).view(b, sk, self.kv_heads, self.head_dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=self.causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=self.heads != self.kv_heads,
-        )
-        return self.wo(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, kv_heads: Optional[int] = None,
-                 causal: bool = True, cross: bool = False, cross_causal: bool = False):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, kv_heads, causal=causal)
-        self.cross = None
-        if cross:
-            self.norm_c = nn.LayerNorm(dim)
-            self.cross = Attention(dim, heads, kv_heads, causal=cross_causal)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x, context=None):
-        x = x + self.attn(self.norm1(x))
-        if self.cross is not None:
-            x = x + self.cross(self.norm_c(x), context)
-        return x + self.mlp(self.norm2(x))
-
-
-class TinyTransformer(nn.Module):
-    """A token language model: embedding, `layers` blocks (causal self-attention; with
-    `cross`, the odd blocks also attend to a separate context of another length), head."""
-
-    def __init__(self, vocab: int = 256, dim: int = 64, heads: int = 4,
-                 kv_heads: Optional[int] = None, layers: int = 2, cross: bool = False,
-                 causal: bool = True):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(
-            Block(dim, heads, kv_heads, causal=causal, cross=cross and i % 2 == 1)
-            for i in range(layers)
-        )
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
-
-    def forward(self, tokens, context=None):
-        x = self.embed(tokens)
-        for blk in self.blocks:
-            x = blk(x, context)
-        return self.head(self.norm(x))
-
-
-def lm_loss(logits, tokens):
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
-
-
-# ---------------------------------------------------------------------------------------
-# recording the backward graphs' attention ops
-# ---------------------------------------------------------------------------------------
-
-ATTENTION_BACKWARD_TARGETS = {str(op) for op in policy.STOCK_BACKWARD_OPS.values()} | {
-    "torch_sm90_sdpa.sdpa_backward.default"
-}
-
-
-class AttentionOpRecorder(CustomGraphPass):
-    """A post-grad pass (set it before ``enable()``: it then runs after the rewrite) that
-    records the attention ops of each graph Inductor compiles. Nothing on a cache hit."""
-
-    def __init__(self):
-        self.graphs: list = []
-
-    def __call__(self, graph):
-        self.graphs.append([
-            str(n.target) for n in graph.nodes
-            if n.op == "call_function"
-            and ("attention" in str(n.target) or str(n.target).startswith("torch_sm90_sdpa."))
-        ])
-
-    def uuid(self):
-        return "torch_sm90_sdpa.demo.AttentionOpRecorder"
-
-    def backward_ops(self) -> list:
-        return [op for g in self.graphs for op in g if op in ATTENTION_BACKWARD_TARGETS]
+from .testing import AttentionOpRecorder, TinyTransformer, lm_loss
 
 
 # ---------------------------------------------------------------------------------------
@@ -159,24 +45,21 @@ def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _pick_device(requested: str, head_dim: int, dtype: torch.dtype):
-    """(device, why) -- cuda only on SM90 with a compiled variant for the head dim."""
-    cap = policy.device_capability(torch.device("cuda")) if torch.cuda.is_available() else None
+def _pick_device(requested: str, head_dim: int, heads: int, kv_heads: int,
+                 dtype: torch.dtype):
+    """(device, why) -- cuda where the kernels' contract serves the model's attention."""
     if requested == "cpu":
         return "cpu", "--device cpu"
-    if cap != (9, 0):
-        why = ("no CUDA GPU" if cap is None else f"the GPU has compute capability {cap}, "
-               "not 9.0 (Hopper)")
-        if requested == "cuda" and cap is not None:
-            return "cuda", f"--device cuda on a non-Hopper GPU ({why}): nothing will be routed"
-        return "cpu", why
-    if not _extension.has_variant(head_dim, dtype):
-        why = (f"no compiled SM90 kernel for head dim {head_dim} {dtype} "
-               f"({_extension.unavailable_reason() or _extension.build_info()['variants']})")
-        if requested == "cuda":
-            return "cuda", why + ": nothing will be routed"
-        return "cpu", why
-    return "cuda", "SM90 GPU with a compiled kernel for the head dim"
+    if not torch.cuda.is_available():
+        return "cpu", "no CUDA GPU"
+    cap = policy.device_capability(torch.device("cuda"))
+    why = policy.kernel_verdict(dtype, head_dim, head_dim, heads, kv_heads, cap,
+                                torch.are_deterministic_algorithms_enabled())
+    if why is None:
+        return "cuda", "SM90 GPU whose kernels serve the model's attention"
+    if requested == "cuda":
+        return "cuda", f"--device cuda, but {why}: nothing will be routed"
+    return "cpu", why
 
 
 def grad_errors(model_a: nn.Module, model_b: nn.Module) -> dict:
@@ -409,7 +292,9 @@ def _fill_defaults(args) -> None:
     else:  # decided with the head dim the CUDA run would have
         dim = args.dim if args.dim is not None else cuda["dim"]
         heads = args.heads if args.heads is not None else cuda["heads"]
-        device, why = _pick_device(args.device, dim // max(heads, 1), torch.bfloat16)
+        kv_heads = args.kv_heads if args.kv_heads is not None else max(1, heads // 2)
+        device, why = _pick_device(args.device, dim // max(heads, 1), heads, kv_heads,
+                                   torch.bfloat16)
     defaults = CPU_DEFAULTS if device == "cpu" else cuda
     if args.dim is None:
         args.dim = defaults["dim"]

@@ -1,9 +1,12 @@
 """The torch.library ops of torch_sm90_sdpa.
 
 - ``torch.ops.torch_sm90_sdpa.sdpa_backward(grad_out, q, k, v, out, lse, is_causal, scale,
-  deterministic) -> (dq, dk, dv)``: the attention backward. CPU kernel: the fp32
-  reference in :mod:`torch_sm90_sdpa.reference`; CUDA kernel: the SM90 kernels in ``_C``.
-  Differentiating through it (double backward) raises a clear error.
+  deterministic) -> (dq, dk, dv)``: the attention backward. CPU kernel: the fp32 reference in
+  :mod:`torch_sm90_sdpa.reference`; CUDA kernel: C++ in ``_C`` (registered through torch's
+  stable ABI, so a call runs no Python), or, where that registration is not possible, the same
+  steps in Python (:func:`torch_sm90_sdpa._cuda_backend.sdpa_backward_python`). It has no
+  autograd formula (its results never require grad); the differentiable ``sdpa`` below refuses
+  double backward with a clear error.
 - ``torch.ops.torch_sm90_sdpa.sdpa(q, k, v, is_causal, scale, enable_gqa) -> (out, lse)``:
   forward through the stock fused forward, backward through ``sdpa_backward``.
 
@@ -14,99 +17,147 @@ what the stock backward ops' meta functions promise and Inductor asserts.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 
 import torch
 from torch import Tensor
 
-from . import _validation
+from . import _extension, _validation
 from .reference import attention_backward_reference
+
+log = logging.getLogger("torch_sm90_sdpa")
 
 # ---------------------------------------------------------------------------------------
 # sdpa_backward
 # ---------------------------------------------------------------------------------------
 
-# Runs of sdpa_backward's kernels by device type, except those of the eager sdpa's own
-# backward: the calls made by compiled graphs (torch_sm90_sdpa.routing_stats() reads it;
-# counted here because on an FX graph cache hit the rewrite pass does not run).
-routed_calls: Counter = Counter()
+_lib = torch.library.Library("torch_sm90_sdpa", "FRAGMENT")  # noqa: TOR901
+_lib.define(
+    "sdpa_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+    "bool is_causal, float scale, bool deterministic) -> (Tensor, Tensor, Tensor)"
+)
+SDPA_BACKWARD = torch.ops.torch_sm90_sdpa.sdpa_backward.default
+
+# Calls of sdpa_backward by device type, other than those made by the eager sdpa's own
+# backward (routing_stats() reads them: these are the calls compiled graphs made; counted at
+# run time because on an FX graph cache hit the rewrite pass does not run). CUDA calls of the
+# C++ kernel are counted in _C.
+_python_calls: Counter = Counter()
+_eager_cpp_calls = 0  # calls of the C++ CUDA kernel made by the eager sdpa's backward
+_cpp_calls_base = 0  # _C.cuda_calls() at the last reset
 _eager_backward = threading.local()
 
 
-def _count_call(q: Tensor) -> None:
+def _cpp_calls() -> int:
+    mod = _extension.load()
+    return mod.cuda_calls() if _cuda_kernel == "c++" and mod is not None else 0
+
+
+def routed_calls() -> Counter:
+    """{device type: calls of sdpa_backward made by compiled graphs (or direct callers)}."""
+    counts = Counter(_python_calls)
+    counts["cuda"] += _cpp_calls() - _cpp_calls_base - _eager_cpp_calls
+    return +counts
+
+
+def reset_routed_calls() -> None:
+    global _eager_cpp_calls, _cpp_calls_base
+    _python_calls.clear()
+    _eager_cpp_calls = 0
+    _cpp_calls_base = _cpp_calls()
+
+
+def _sdpa_backward_cpu(grad_out, q, k, v, out, lse, is_causal, scale, deterministic):
     if not getattr(_eager_backward, "active", False):
-        routed_calls[q.device.type] += 1
-
-
-@torch.library.custom_op("torch_sm90_sdpa::sdpa_backward", mutates_args=(), device_types="cpu")
-def sdpa_backward(
-    grad_out: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    is_causal: bool,
-    scale: float,
-    deterministic: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
-    _count_call(q)
+        # a direct call (the eager sdpa's backward passes inputs that sdpa checked)
+        _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
+        _python_calls["cpu"] += 1
     # The reference is deterministic whatever `deterministic` says.
     return attention_backward_reference(grad_out, q, k, v, out, lse, is_causal, scale)
 
 
-@sdpa_backward.register_kernel("cuda")
-def _sdpa_backward_cuda(grad_out, q, k, v, out, lse, is_causal, scale, deterministic):
-    _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
-    _validation.check_cuda_kernel_dtype(q)
-    _count_call(q)
-    if deterministic:
-        # The SM90 kernel adds dQ with atomics in a varying order. Routing never sends
-        # deterministic calls here; a direct call (or deterministic mode switched on
-        # between forward and backward) gets the reference math on the GPU: slow, memory-
-        # hungry ([Hq, Sq, Sk] per batch element), but deterministic and correct.
-        return attention_backward_reference(grad_out, q, k, v, out, lse, is_causal, scale)
-    from ._cuda_backend import sdpa_backward_cuda
-
-    return sdpa_backward_cuda(grad_out, q, k, v, out, lse, is_causal, scale, deterministic)
-
-
-@sdpa_backward.register_fake
 def _sdpa_backward_fake(grad_out, q, k, v, out, lse, is_causal, scale, deterministic):
     _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _double_backward_unsupported(ctx, grad_dq, grad_dk, grad_dv):
-    raise RuntimeError(
-        "torch_sm90_sdpa.sdpa_backward does not support double backward (differentiating "
-        "the attention gradients again, e.g. create_graph=True followed by another "
-        "backward). Use torch.nn.functional.scaled_dot_product_attention without "
-        "torch_sm90_sdpa for higher-order gradients."
-    )
+_lib.impl("sdpa_backward", _sdpa_backward_cpu, "CPU")
+# No autograd formula, and no Python at the Autograd key (it would cost several microseconds
+# per call): the results simply do not require grad.
+_lib.impl("sdpa_backward", torch.library.fallthrough_kernel, "Autograd")
+torch.library.register_fake("torch_sm90_sdpa::sdpa_backward", _sdpa_backward_fake, lib=_lib)
+
+# Which CUDA kernel sdpa_backward has: "c++" (_C, through torch's stable ABI), "python" (the
+# fallback when that registration is not possible), or None (no _C: a kernel that explains).
+_cuda_kernel = None
 
 
-sdpa_backward.register_autograd(
-    _double_backward_unsupported, setup_context=lambda ctx, inputs, output: None
-)
+def cuda_kernel_kind():
+    return _cuda_kernel
+
+
+def _sdpa_backward_cuda_python(grad_out, q, k, v, out, lse, is_causal, scale, deterministic):
+    from ._cuda_backend import sdpa_backward_python
+
+    if not getattr(_eager_backward, "active", False):
+        _python_calls["cuda"] += 1
+    return sdpa_backward_python(grad_out, q, k, v, out, lse, is_causal, scale, deterministic)
+
+
+def _sdpa_backward_cuda_unavailable(grad_out, q, k, v, out, lse, is_causal, scale,
+                                    deterministic):
+    raise RuntimeError("torch_sm90_sdpa: the SM90 CUDA kernels are not available: "
+                       f"{_extension.unavailable_reason()}")
+
+
+def _install_cuda_kernel() -> None:
+    global _cuda_kernel
+    if torch.version.cuda is None:  # a CPU-only torch: no CUDA call can reach the op
+        _lib.impl("sdpa_backward", _sdpa_backward_cuda_unavailable, "CUDA")
+        return
+    why = _extension.register_cuda_kernel()
+    if why is None:
+        _cuda_kernel = "c++"
+        return
+    if _extension.load() is not None:
+        log.warning("torch_sm90_sdpa: the C++ CUDA kernel of sdpa_backward could not be "
+                    "registered (%s); using the Python path (slower host side)", why)
+        _lib.impl("sdpa_backward", _sdpa_backward_cuda_python, "CUDA")
+        _cuda_kernel = "python"
+    else:
+        _lib.impl("sdpa_backward", _sdpa_backward_cuda_unavailable, "CUDA")
+
+
+_install_cuda_kernel()
+
+
+def define_stable_abi_probe() -> bool:
+    """Define and register ``torch_sm90_sdpa::_stable_abi_probe`` (tests only; see
+    registration/torch_op.cpp). True when the C++ CPU kernel is registered."""
+    if not hasattr(torch.ops.torch_sm90_sdpa, "_stable_abi_probe"):
+        _lib.define("_stable_abi_probe(Tensor t, bool flag, float x) -> (Tensor, Tensor)")
+    return _extension.register_stable_abi_probe() is None
+
 
 # ---------------------------------------------------------------------------------------
 # sdpa: stock fused forward + our backward
 # ---------------------------------------------------------------------------------------
 
 
-def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float):
-    """(out [B, Hq, Sq, Dv], lse [B, Hq, Sq] fp32) from the stock fused forward.
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    """The op's lse dtype: float64 for float64 inputs (the CPU forward), else float32."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
-    Works on real and fake tensors alike, so the fake kernel reproduces the stock
-    forward's output strides exactly."""
+
+def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float):
+    """(out, lse) from the stock fused forward, in the op's layouts (see _sdpa_fake)."""
     if q.device.type == "cpu":
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, is_causal, scale=scale
         )
-    if q.device.type == "cuda":
+    elif q.device.type == "cuda":
         if is_causal and q.size(2) != k.size(2):
             # FA2 aligns a causal mask bottom-right when Sq != Sk; SDPA (and our backward)
             # align it top-left, as the memory-efficient kernel does. It has no GQA: repeat
@@ -117,16 +168,22 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
             res = torch.ops.aten._scaled_dot_product_efficient_attention(
                 q, k, v, None, True, 0.0, True, scale=scale
             )
-            return res[0], res[1][:, :, : q.size(2)]
-        # FA2 handles Hq a multiple of Hkv natively; its lse is [B, Hq, Sq] fp32.
-        res = torch.ops.aten._scaled_dot_product_flash_attention(
-            q, k, v, 0.0, is_causal, False, scale=scale
+            out, lse = res[0], res[1][:, :, : q.size(2)]
+        else:
+            # FA2 handles Hq a multiple of Hkv natively; its lse is [B, Hq, Sq] fp32.
+            res = torch.ops.aten._scaled_dot_product_flash_attention(
+                q, k, v, 0.0, is_causal, False, scale=scale
+            )
+            out, lse = res[0], res[1]
+    else:
+        raise RuntimeError(
+            f"torch_sm90_sdpa.sdpa: no forward for device type {q.device.type!r} "
+            "(expected cpu or cuda)"
         )
-        return res[0], res[1]
-    raise RuntimeError(
-        f"torch_sm90_sdpa.sdpa: no forward for device type {q.device.type!r} "
-        "(expected cpu or cuda)"
-    )
+    want = torch.empty_like(q)
+    if out.stride() != want.stride():
+        out = want.copy_(out)
+    return out, lse.to(_lse_dtype(q)).contiguous()
 
 
 def _check_sdpa_inputs(q, k, v, scale, enable_gqa):
@@ -142,6 +199,8 @@ def _check_sdpa_inputs(q, k, v, scale, enable_gqa):
             f"key: expected {q.size(1)} heads like query, got {k.size(1)}; pass "
             "enable_gqa=True for grouped-query attention"
         )
+    if q.device.type == "cuda":
+        _validation.check_cuda_kernel_dtype(q)
 
 
 @torch.library.custom_op("torch_sm90_sdpa::sdpa", mutates_args=(), device_types=("cpu", "cuda"))
@@ -149,17 +208,15 @@ def sdpa(
     q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, enable_gqa: bool
 ) -> tuple[Tensor, Tensor]:
     _check_sdpa_inputs(q, k, v, scale, enable_gqa)
-    if q.device.type == "cuda":
-        _validation.check_cuda_kernel_dtype(q)
-    out, lse = _stock_forward(q, k, v, is_causal, scale)
-    # The CPU forward returns fp64 lse for fp64 inputs; everything else is fp32.
-    return out, lse
+    return _stock_forward(q, k, v, is_causal, scale)
 
 
 @sdpa.register_fake
 def _sdpa_fake(q, k, v, is_causal, scale, enable_gqa):
+    """The op's contract: out [B, Hq, Sq, Dv] with the strides of torch.empty_like(q) (Dv == D);
+    lse [B, Hq, Sq] contiguous, float64 for float64 inputs, else float32."""
     _check_sdpa_inputs(q, k, v, scale, enable_gqa)
-    return _stock_forward(q, k, v, is_causal, scale)
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
 
 
 def _sdpa_setup_context(ctx, inputs, output):
@@ -171,20 +228,50 @@ def _sdpa_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
+class _NoDoubleBackward(torch.autograd.Function):
+    """Passes the gradients (dq, dk, dv) through, tied to the differentiable inputs they came
+    from (anchors), so that differentiating them again raises a clear error."""
+
+    @staticmethod
+    def forward(ctx, dq, dk, dv, *anchors):
+        return dq.clone(), dk.clone(), dv.clone()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "torch_sm90_sdpa.sdpa_backward does not support double backward (differentiating "
+            "the attention gradients again, e.g. create_graph=True followed by another "
+            "backward). Use torch.nn.functional.scaled_dot_product_attention without "
+            "torch_sm90_sdpa for higher-order gradients."
+        )
+
+
 def _sdpa_backward(ctx, grad_out, _grad_lse):
+    global _eager_cpp_calls
     q, k, v, out, lse = ctx.saved_tensors
     if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
         # e.g. the expanded gradient of out.sum(): the kernels need a contiguous last dim.
         grad_out = grad_out.contiguous()
     deterministic = torch.are_deterministic_algorithms_enabled()
-    _eager_backward.active = True
-    try:
-        dq, dk, dv = torch.ops.torch_sm90_sdpa.sdpa_backward(
-            grad_out, q, k, v, out, lse, ctx.is_causal, ctx.scale, deterministic
-        )
-    finally:
-        _eager_backward.active = False
-    return dq, dk, dv, None, None, None
+    device = q.device.type
+    if device == "cuda" and deterministic:
+        # Deterministic algorithms were switched on after the forward (the drop-in hands
+        # deterministic calls to stock SDPA): the reference math is deterministic.
+        grads = attention_backward_reference(grad_out, q, k, v, out, lse, ctx.is_causal,
+                                             ctx.scale)
+    else:
+        _eager_backward.active = True
+        try:
+            with torch.no_grad():
+                grads = SDPA_BACKWARD(grad_out, q, k, v, out, lse, ctx.is_causal, ctx.scale,
+                                      deterministic)
+        finally:
+            _eager_backward.active = False
+        if device == "cuda" and _cuda_kernel == "c++":
+            _eager_cpp_calls += 1
+    if torch.is_grad_enabled():  # create_graph=True
+        grads = _NoDoubleBackward.apply(*grads, q, k, v, out, grad_out)
+    return (*grads, None, None, None)
 
 
 sdpa.register_autograd(_sdpa_backward, setup_context=_sdpa_setup_context)

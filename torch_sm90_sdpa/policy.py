@@ -8,18 +8,18 @@ all work, symbolic sizes too). Nothing installs a shape guard: a property that c
 proved for every size the graph serves (e.g. a symbolic stride that may be misaligned)
 counts as not met.
 
-What we serve (the CUDA kernels' contract, csrc/bwd_params.h and _validation.py):
+What we serve on CUDA is the kernels' contract, stated once in C++
+(``registration/bwd_device.cpp``, ``can_implement``) and asked here through ``_C`` with the
+call's metadata (:func:`kernel_decision`): an SM90 GPU, fp16 / bf16, a compiled head dim,
+Dv == D, Hq a multiple of Hkv, a contiguous last dim, no deterministic mode (until the kernel
+has one). Layouts its TMA cannot read (misaligned views, broadcast heads, padded rows) are
+served too: the op copies those operands. The rest is about the stock node, not the kernel:
 
-* a dense, non-nested call: no dropout, no attn_mask / attn_bias, 4-D q/k/v/out/grad_out;
-* fp16 / bf16 on an SM90 (compute capability 9.0) GPU, a head dim D with a compiled
-  kernel (``_extension.has_variant``), Dv == D, Hq a multiple of Hkv;
-* q, k, v, out, grad_out with a contiguous last dim, every other stride positive (no
-  broadcast dims) and, like the storage offset, a multiple of 8 elements (16 bytes: TMA);
+* a dense, non-nested call: no dropout, no attn_mask / attn_bias, 4-D q/k/v/out/grad_out,
+  a logsumexp of the backend's layout, a constant scale;
 * SDPA's causal semantics (top-left). The flash op with ``is_causal`` and Sq != Sk is
   left alone: called directly, FlashAttention-2 aligns the mask bottom-right (SDPA itself
-  never picks flash for such calls);
-* not under ``torch.use_deterministic_algorithms(True)`` on CUDA until the kernel's
-  deterministic mode exists (``CUDA_DETERMINISTIC_SUPPORTED``).
+  never picks flash for such calls).
 
 With the CPU route on (``enable(cpu=True)``), the CPU node of SDPA
 (``_scaled_dot_product_flash_attention_for_cpu_backward``) goes to the op's CPU reference:
@@ -42,14 +42,12 @@ from typing import Any, Optional, Sequence
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from . import _extension
+from . import _extension, _validation
 
 # The kernel has a `deterministic` flag in its params, but no deterministic dQ reduction
-# yet. Until it does, deterministic runs keep the stock backward.
+# yet (its contract refuses it). Part of the routing fingerprint.
 CUDA_DETERMINISTIC_SUPPORTED = False
-CUDA_DTYPES = (torch.float16, torch.bfloat16)
-CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-ALIGN_BYTES = 16
+CPU_DTYPES = _validation.SUPPORTED_DTYPES  # the CPU reference's dtypes
 
 # The stock backward ops the rewrite knows, by short name.
 aten = torch.ops.aten
@@ -78,8 +76,7 @@ R_VARIANT = "head dim not compiled"
 R_DETERMINISTIC = "deterministic algorithms"
 R_CAUSAL_ALIGN = "causal with Sq != Sk (flash aligns bottom-right)"
 R_LAST_DIM = "last dim not contiguous"
-R_ALIGN = "not 16-byte aligned"
-R_STRIDE0 = "broadcast (stride 0) dim"
+R_TOO_LARGE = "sizes exceed the kernel's int32 indexing"
 R_LSE = "unexpected logsumexp"
 R_SCALE = "scale not a constant"
 R_OUTPUTS = "unsupported outputs used"
@@ -90,8 +87,7 @@ R_SLOWER = "stock backward is faster here"
 ALL_REASONS = (
     R_CPU_ROUTE_OFF, R_DEVICE, R_NOT_SM90, R_NESTED, R_DROPOUT, R_MASK, R_SHAPES, R_DTYPE,
     R_HEAD_DIM_SYMBOLIC, R_DV, R_HEADS, R_NOT_BUILT, R_VARIANT, R_DETERMINISTIC,
-    R_CAUSAL_ALIGN, R_LAST_DIM, R_ALIGN, R_STRIDE0, R_LSE, R_SCALE, R_OUTPUTS, R_LAYOUT,
-    R_SLOWER,
+    R_CAUSAL_ALIGN, R_LAST_DIM, R_TOO_LARGE, R_LSE, R_SCALE, R_OUTPUTS, R_LAYOUT, R_SLOWER,
 )
 
 
@@ -237,27 +233,89 @@ def lse_shape_ok(call: AttentionBackwardCall) -> bool:
     return same and _known(lse.size(2) == sq)
 
 
-def _layout_reason(name: str, t, align_elems: Optional[int]) -> Optional[Decision]:
-    """Last dim contiguous; with align_elems, every other stride and the storage offset
-    multiples of align_elems."""
-    if not _known(t.stride(-1) == 1) and not _known(t.size(-1) <= 1):
-        return _no(R_LAST_DIM, f"{name} has strides {tuple(t.stride())}")
-    if align_elems is None or align_elems <= 1:
-        return None
-    for i in range(t.dim() - 1):
+def _last_dim_contiguous(t) -> bool:
+    return _known(t.stride(-1) == 1) or _known(t.size(-1) <= 1)
+
+
+def _hint(x) -> int:
+    """A concrete value of a size or stride (its hint when symbolic)."""
+    if isinstance(x, torch.SymInt):
+        return int(x.node.hint)
+    return int(x)
+
+
+def _operand_layout(C, t, elem_bytes: int):
+    """_C.OperandLayout of a (fake / meta / real tensor or TensorSpec) [B, H, S(, X)] operand.
+    A symbolic stride that may not be TMA-friendly is given as 1 (the op would copy it); a last
+    dim not provably contiguous as stride 0 (not served); the address alignment is what the
+    storage offset proves (storages are 16-byte aligned)."""
+    def stride(i):
         st = t.stride(i)
-        if _known(t.size(i) <= 1):
-            continue
-        if not _known(st > 0):
-            return _no(R_STRIDE0, f"{name} stride {i} = {st} (a broadcast dim)")
-        if not _known(st % align_elems == 0):
-            return _no(R_ALIGN, f"{name} stride {i} = {st} is not a multiple of "
-                                f"{align_elems} elements")
-    off = t.storage_offset()
-    if not _known(off % align_elems == 0):
-        return _no(R_ALIGN, f"{name} storage offset {off} is not a multiple of "
-                            f"{align_elems} elements")
-    return None
+        if isinstance(st, int):
+            return st
+        unit = 16 // elem_bytes
+        return _hint(st) if _known(st > 0) and _known(st % unit == 0) else 1
+
+    col = 1 if t.dim() < 4 or _last_dim_contiguous(t) else 0
+    off = t.storage_offset() if hasattr(t, "storage_offset") else 0
+    align = 16 if _known((off * elem_bytes) % 16 == 0) else 1
+    return C.OperandLayout(batch_stride=stride(0), head_stride=stride(1), row_stride=stride(2),
+                           col_stride=col, address_align=align)
+
+
+def kernel_decision(q, k, v, out, grad_out, *, is_causal: bool, deterministic: bool,
+                    capability) -> Decision:
+    """The SM90 kernels' verdict on a call, from its metadata (the contract lives in C++:
+    ``_C.can_implement``; this only translates the metadata, symbolic sizes included).
+    q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D/Dv], out / grad_out [B, Hq, Sq, Dv] (tensors, fake
+    tensors or TensorSpecs). capability: the device's (major, minor), or None."""
+    C = _extension.load()
+    if C is None:  # the contract cannot be asked: the device, else the missing build
+        if capability != (9, 0):
+            return _no(R_NOT_SM90, f"compute capability {capability}")
+        return _no(R_NOT_BUILT, str(_extension.unavailable_reason()))
+    if any(t.dtype != q.dtype for t in (k, v, out, grad_out)):
+        return _no(R_DTYPE, f"mixed dtypes {[str(t.dtype) for t in (q, k, v, out, grad_out)]}")
+    head_dim, head_dim_v = q.size(-1), v.size(-1)
+    if not (isinstance(head_dim, int) and isinstance(head_dim_v, int)):
+        return _no(R_HEAD_DIM_SYMBOLIC, f"head dim {head_dim}, {head_dim_v}")
+    hq, hkv = q.size(1), k.size(1)
+    if not (isinstance(hq, int) and isinstance(hkv, int)):
+        if not (_known(hkv > 0) and _known(hq % hkv == 0)):
+            return _no(R_HEADS, f"Hq = {hq}, Hkv = {hkv} (symbolic, not provably a multiple)")
+    elem_bytes = 2
+    major, minor = capability if capability is not None else (0, 0)
+    problem = C.BwdProblem(
+        batch=_hint(q.size(0)), heads_q=_hint(hq), heads_kv=_hint(hkv),
+        seqlen_q=_hint(q.size(2)), seqlen_k=_hint(k.size(2)), head_dim=head_dim,
+        head_dim_v=head_dim_v, dtype=_extension.dtype_code(q.dtype, -1), is_causal=bool(is_causal),
+        deterministic=bool(deterministic), cc_major=major, cc_minor=minor)
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", grad_out)):
+        setattr(problem, name, _operand_layout(C, t, elem_bytes))
+    # dq / dk / dv: what the op allocates (empty_like): dense, 16-byte aligned
+    for name, t in (("dq", q), ("dk", k), ("dv", v)):
+        setattr(problem, name, C.OperandLayout(batch_stride=8, head_stride=8, row_stride=8))
+    d = C.can_implement(problem)
+    if d.verdict == "unsupported":
+        return _no(d.reason, d.detail)
+    detail = f"copies {', '.join(d.copy)} (TMA cannot read them as they are)" if d.copy else ""
+    return Decision(True, "", detail)
+
+
+@functools.lru_cache(maxsize=256)
+def kernel_verdict(dtype, head_dim, head_dim_v, heads_q, heads_kv, capability,
+                   deterministic) -> Optional[str]:
+    """:func:`kernel_decision` on a call of these facts: None when served, else "reason: detail".
+    Layouts do not change the verdict (the op copies what TMA cannot read), nor do sequence
+    lengths (any is served), so it is cached on these facts alone (the eager drop-in and the
+    demo ask it per call)."""
+    q = TensorSpec((1, heads_q, 1, head_dim), dtype, "cuda")
+    k = TensorSpec((1, heads_kv, 1, head_dim), dtype, "cuda")
+    v = TensorSpec((1, heads_kv, 1, head_dim_v), dtype, "cuda")
+    o = TensorSpec((1, heads_q, 1, head_dim_v), dtype, "cuda")
+    d = kernel_decision(q, k, v, o, o, is_causal=False, deterministic=deterministic,
+                        capability=capability)
+    return None if d.routed else f"{d.reason}: {d.detail}"
 
 
 # Where our SM90 backward beats the stock one it would replace, from benchmarks/bench_bwd.py
@@ -314,31 +372,17 @@ def decide(call: AttentionBackwardCall, *, cpu_route: bool = False,
     if any(t.device != device for t in named.values()) or call.lse.device != device:
         return _no(R_DEVICE, "tensors on different devices")
 
-    dtype = q.dtype
-    allowed = CPU_DTYPES if backend == "cpu_flash" else CUDA_DTYPES
-    if dtype not in allowed or any(t.dtype != dtype for t in named.values()):
-        return _no(R_DTYPE, f"dtypes {[str(t.dtype) for t in named.values()]}; "
-                            f"served: {[str(d) for d in allowed]}")
-    head_dim = q.size(-1)
-    if not isinstance(head_dim, int):
-        return _no(R_HEAD_DIM_SYMBOLIC, f"head dim {head_dim}")
-    if v.size(-1) != head_dim or k.size(-1) != head_dim:
-        return _no(R_DV, f"D = {head_dim}, Dk = {k.size(-1)}, Dv = {v.size(-1)}")
     b, hq, sq = q.size(0), q.size(1), q.size(2)
     hkv, sk = k.size(1), k.size(2)
     shapes_ok = (
         _known(k.size(0) == b) and _known(v.size(0) == b) and _known(v.size(1) == hkv)
-        and _known(v.size(2) == sk)
+        and _known(v.size(2) == sk) and _known(k.size(3) == q.size(3))
         and all(_known(t.size(i) == s)
-                for t in (out, go) for i, s in enumerate((b, hq, sq, head_dim)))
+                for t in (out, go) for i, s in enumerate((b, hq, sq, v.size(3))))
     )
     if not shapes_ok:
         return _no(R_SHAPES, f"q {_dims(q)}, k {_dims(k)}, v {_dims(v)}, out {_dims(out)}, "
                              f"grad_out {_dims(go)}")
-    if not (isinstance(hq, int) and isinstance(hkv, int) and hkv > 0 and hq % hkv == 0) and not (
-        _known(hq == hkv)
-    ):
-        return _no(R_HEADS, f"Hq = {hq}, Hkv = {hkv}")
     if not lse_shape_ok(call):
         lse = call.lse
         return _no(R_LSE, f"logsumexp {_dims(lse) if hasattr(lse, 'shape') else lse!r} "
@@ -346,34 +390,32 @@ def decide(call: AttentionBackwardCall, *, cpu_route: bool = False,
     if resolved_scale(call) is None:
         return _no(R_SCALE, f"scale {call.scale!r}")
 
-    if backend != "cpu_flash":
-        cap = device_capability(device)
-        if cap != (9, 0):
-            return _no(R_NOT_SM90, f"device {device} has compute capability {cap}")
-        if _extension.load() is None:
-            return _no(R_NOT_BUILT, str(_extension.unavailable_reason()))
-        if not _extension.has_variant(head_dim, dtype):
-            compiled = sorted(
-                f"{name}/{d}" for name, d in _extension.build_info().get("variants", [])
-            )
-            return _no(R_VARIANT, f"no kernel for head dim {head_dim} {dtype}; "
-                                  f"compiled: {compiled}")
-        if call.deterministic and not CUDA_DETERMINISTIC_SUPPORTED:
-            return _no(R_DETERMINISTIC, "torch.use_deterministic_algorithms(True) is on")
-        if backend == "flash" and call.is_causal and not _known(sq == sk):
-            return _no(R_CAUSAL_ALIGN, f"Sq = {sq}, Sk = {sk}")
-        align = ALIGN_BYTES // q.element_size() if hasattr(q, "element_size") else (
-            ALIGN_BYTES // torch.empty((), dtype=dtype, device="meta").element_size())
-    else:
-        align = None
+    if backend == "cpu_flash":  # the CPU reference: any head dim, last dim contiguous
+        if q.dtype not in CPU_DTYPES or any(t.dtype != q.dtype for t in named.values()):
+            return _no(R_DTYPE, f"dtypes {[str(t.dtype) for t in named.values()]}; "
+                                f"served: {[str(d) for d in CPU_DTYPES]}")
+        if (v.size(-1) != q.size(-1)):
+            return _no(R_DV, f"D = {q.size(-1)}, Dv = {v.size(-1)}")
+        if not (isinstance(hq, int) and isinstance(hkv, int) and hkv > 0 and hq % hkv == 0) \
+                and not _known(hq == hkv):
+            return _no(R_HEADS, f"Hq = {hq}, Hkv = {hkv}")
+        for name, t in named.items():
+            if not _last_dim_contiguous(t):
+                return _no(R_LAST_DIM, f"{name} has strides {tuple(t.stride())}")
+        return ROUTE
 
-    for name, t in named.items():
-        why = _layout_reason(name, t, align)
-        if why is not None:
-            return why
-    if only_faster and backend != "cpu_flash":
-        return faster_than_stock(call)
-    return ROUTE
+    if backend == "flash" and call.is_causal and not _known(sq == sk):
+        return _no(R_CAUSAL_ALIGN, f"Sq = {sq}, Sk = {sk}")
+    verdict = kernel_decision(q, k, v, out, go, is_causal=call.is_causal,
+                              deterministic=call.deterministic,
+                              capability=device_capability(device))
+    if not verdict.routed:
+        return verdict
+    if only_faster:
+        gate = faster_than_stock(call)
+        if not gate.routed:
+            return gate
+    return verdict
 
 
 def describe(call: AttentionBackwardCall) -> str:

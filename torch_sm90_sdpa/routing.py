@@ -124,10 +124,11 @@ def routing_stats(reset: bool = False) -> dict:
     reading them.
     """
     counts = compile_pass.decision_counts
+    calls = ops.routed_calls()
     stats = {
         **routing_options(),
-        "routed_calls": sum(ops.routed_calls.values()),
-        "routed_calls_by_device": dict(ops.routed_calls),
+        "routed_calls": sum(calls.values()),
+        "routed_calls_by_device": dict(calls),
         "routed_nodes": {k[1]: n for k, n in sorted(counts.items()) if k[0] == "routed"},
         "not_routed": {k[1]: n for k, n in sorted(counts.items()) if k[0] == "not routed"},
     }
@@ -138,7 +139,7 @@ def routing_stats(reset: bool = False) -> dict:
 
 def reset_stats() -> None:
     """Zero the counts of :func:`routing_stats`."""
-    ops.routed_calls.clear()
+    ops.reset_routed_calls()
     compile_pass.decision_counts.clear()
     compile_pass.recent_decisions.clear()
 

@@ -24,7 +24,7 @@ struct BwdTileConfig {
   static constexpr int kBlockN = kBlockN_;        // key rows per CTA
   static constexpr int kNumMmaWG = kNumMmaWG_;    // consumer (MMA) warpgroups
   static constexpr int kStagesQ = kStagesQ_;      // Q (+ lse) pipeline depth
-  static constexpr int kStagesdO = kStagesdO_;    // dO (+ dsum) pipeline depth
+  static constexpr int kStagesdO = kStagesdO_;    // dO (+ dpsum) pipeline depth
   static constexpr int kStagesdS = kStagesdS_;    // P / dS smem buffers (1 or kStagesQ)
   static constexpr bool kSdPSwapAB = kSdPSwapAB_;
   static constexpr bool kdKVSwapAB = kdKVSwapAB_;
@@ -36,25 +36,16 @@ struct BwdTileConfig {
   static_assert(kStagesdS == 1 || kStagesdS == kStagesQ);
   static_assert(kStagesQ >= kStagesdO);
   static_assert(kBlockM % 64 == 0 && 128 % kBlockM == 0,
-                "kBlockM must divide kSeqRound (lse / dsum rows are read in whole blocks)");
+                "kBlockM must divide kSeqRound (lse / dpsum rows are read in whole blocks)");
   static_assert(kHeadDim % (16 * kdQSlices) == 0);
 };
 
-// Default tile per head dim (bf16 and fp16 share it).
+// Default tile per head dim (bf16 and fp16 share it). The specializations are generated from
+// TILES in csrc/generate_instantiations.py, the one table of what can be built.
 template <int kHeadDim>
 struct DefaultBwdConfig;
 
-//                                        D    M    N  WG Q dO dS swapS swapKV MSdP NdKV MdQ slices
-template <> struct DefaultBwdConfig<64>
-    : BwdTileConfig<64, 128, 128, 2, 2, 2, 2, true, false, 1, 2, 2, 1> {};
-template <> struct DefaultBwdConfig<96>
-    : BwdTileConfig<96, 64, 128, 2, 2, 2, 2, true, false, 1, 2, 1, 1> {};
-template <> struct DefaultBwdConfig<128>
-    : BwdTileConfig<128, 64, 128, 2, 2, 2, 2, true, false, 1, 2, 1, 1> {};
-template <> struct DefaultBwdConfig<192>
-    : BwdTileConfig<192, 64, 64, 2, 2, 2, 1, false, true, 1, 2, 1, 1> {};
-template <> struct DefaultBwdConfig<256>
-    : BwdTileConfig<256, 64, 64, 2, 2, 1, 1, false, true, 1, 2, 1, 2> {};
-
 }  // namespace kernel
 }  // namespace sm90_sdpa
+
+#include "instantiations/tile_configs.h"

@@ -118,6 +118,32 @@ struct BwdEpilogue {
     for (int i = 0; i < size(acc); ++i) { t(i) = static_cast<T>(acc(i) * scale); }
   }
 
+  // dK (times k_scale) and dV as T into the two smem tiles, then one thread issues the two TMA
+  // copies (a store or a reduce-add, as the TMA objects say) and waits for them.
+  template <class T, class SmemLayout, class TmaCopy, class FrgdKV>
+  CUTE_DEVICE static void store_tiles(TmaCopy const& tma_dk, TmaCopy const& tma_dv, T* sk, T* sv,
+                                      FrgdKV const& tdKrdK, FrgdKV const& tdVrdV, float k_scale,
+                                      ShapeQKV const& shape, int thread_idx, int n_block, int bidh_kv,
+                                      int bidb) {
+    write_tile<T, SmemLayout>(sk, tdKrdK, thread_idx, k_scale);
+    write_tile<T, SmemLayout>(sv, tdVrdV, thread_idx, 1.f);
+    cutlass::arch::fence_view_async_shared();
+    named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
+    if (thread_idx == 0) {
+      auto issue = [&](TmaCopy const& tma, T* smem) {
+        Tensor sT = make_tensor(make_smem_ptr(smem), SmemLayout{});
+        Tensor gT = local_tile(tma.get_tma_tensor(shape)(_, _, bidh_kv, bidb),
+                               Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
+        auto slice = tma.get_slice(_0{});
+        copy(tma, slice.partition_S(sT), slice.partition_D(gT));
+      };
+      issue(tma_dk, sk);
+      issue(tma_dv, sv);
+      tma_store_arrive();
+      tma_store_wait<0>();
+    }
+  }
+
   // Called by every MMA thread (thread_idx in [0, kNumMmaThreads)).
   template <class SharedStorage, class FrgdKV>
   CUTE_DEVICE void store(Params const& params, FrgdKV const& tdKrdK, FrgdKV const& tdVrdV, SharedStorage& ss,
@@ -127,48 +153,15 @@ struct BwdEpilogue {
     named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
     auto& st = ss.tensors.epilogue;
     int const bidh_kv = bidh / params.qhead_per_khead;
-    if (!params.gqa) {
-      Element* sk = reinterpret_cast<Element*>(st.smem_dk.data());
-      Element* sv = reinterpret_cast<Element*>(st.smem_dv.data());
-      write_tile<Element, SmemLayoutdKV>(sk, tdKrdK, thread_idx, params.scale);
-      write_tile<Element, SmemLayoutdKV>(sv, tdVrdV, thread_idx, 1.f);
-      cutlass::arch::fence_view_async_shared();
-      named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
-      if (thread_idx == 0) {
-        Tensor sdK = make_tensor(make_smem_ptr(sk), SmemLayoutdKV{});
-        Tensor sdV = make_tensor(make_smem_ptr(sv), SmemLayoutdKV{});
-        Tensor gdK = local_tile(params.tma_store_dK.get_tma_tensor(params.shape_dKV)(_, _, bidh_kv, bidb),
-                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
-        Tensor gdV = local_tile(params.tma_store_dV.get_tma_tensor(params.shape_dKV)(_, _, bidh_kv, bidb),
-                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
-        auto tma_k = params.tma_store_dK.get_slice(_0{});
-        auto tma_v = params.tma_store_dV.get_slice(_0{});
-        copy(params.tma_store_dK, tma_k.partition_S(sdK), tma_k.partition_D(gdK));
-        copy(params.tma_store_dV, tma_v.partition_S(sdV), tma_v.partition_D(gdV));
-        tma_store_arrive();
-        tma_store_wait<0>();
-      }
-    } else {
-      float* sk = st.smem_dk.data();
-      float* sv = st.smem_dv.data();
-      write_tile<float, SmemLayoutdKVAccum>(sk, tdKrdK, thread_idx, 1.f);
-      write_tile<float, SmemLayoutdKVAccum>(sv, tdVrdV, thread_idx, 1.f);
-      cutlass::arch::fence_view_async_shared();
-      named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
-      if (thread_idx == 0) {
-        Tensor sdK = make_tensor(make_smem_ptr(sk), SmemLayoutdKVAccum{});
-        Tensor sdV = make_tensor(make_smem_ptr(sv), SmemLayoutdKVAccum{});
-        Tensor gdK = local_tile(params.tma_add_dK.get_tma_tensor(params.shape_dKV)(_, _, bidh_kv, bidb),
-                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
-        Tensor gdV = local_tile(params.tma_add_dV.get_tma_tensor(params.shape_dKV)(_, _, bidh_kv, bidb),
-                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
-        auto tma_k = params.tma_add_dK.get_slice(_0{});
-        auto tma_v = params.tma_add_dV.get_slice(_0{});
-        copy(params.tma_add_dK, tma_k.partition_S(sdK), tma_k.partition_D(gdK));
-        copy(params.tma_add_dV, tma_v.partition_S(sdV), tma_v.partition_D(gdV));
-        tma_store_arrive();
-        tma_store_wait<0>();
-      }
+    if (!params.gqa) {  // MHA: dK * scale and dV in the input dtype, stored
+      store_tiles<Element, SmemLayoutdKV>(params.tma_store_dK, params.tma_store_dV,
+                                          reinterpret_cast<Element*>(st.smem_dk.data()),
+                                          reinterpret_cast<Element*>(st.smem_dv.data()), tdKrdK, tdVrdV,
+                                          params.scale, params.shape_dKV, thread_idx, n_block, bidh_kv, bidb);
+    } else {  // GQA: unscaled fp32, added into the group's accumulators
+      store_tiles<float, SmemLayoutdKVAccum>(params.tma_add_dK, params.tma_add_dV, st.smem_dk.data(),
+                                             st.smem_dv.data(), tdKrdK, tdVrdV, 1.f, params.shape_dKV,
+                                             thread_idx, n_block, bidh_kv, bidb);
     }
   }
 };

@@ -1,8 +1,8 @@
 // Collective mainloop of the SM90 attention backward: one CTA owns a block of kBlockN keys
 // (K_j, V_j in shared memory, dK_j / dV_j accumulated in registers) and streams the query
-// blocks i (Q_i, dO_i, lse_i, dsum_i) through TMA + mbarrier pipelines.
+// blocks i (Q_i, dO_i, lse_i, dpsum_i) through TMA + mbarrier pipelines.
 //
-//   producer warp  : load()     K_j, V_j once; Q_i (+lse_i) and dO_i (+dsum_i) per m-block
+//   producer warp  : load()     K_j, V_j once; Q_i (+lse_i) and dO_i (+dpsum_i) per m-block
 //   dQ-writer warp : store_dq() TMA reduce-add of each finished dQ_i tile into dq_accum
 //   MMA warpgroups : mma()      S = Q K^T, dP = dO V^T, P, dS, dV += P^T dO, dK += dS^T Q,
 //                               dQ_i = dS K  (all five on wgmma)
@@ -141,7 +141,7 @@ struct BwdMainloop {
       SmemLayoutPdS{}, make_layout(make_shape(Int<kBlockN>{}, Int<kBlockM>{}, Int<kStagesdS>{}),
                                    make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kBlockN>{}))));
 
-  // lse_log2 / dsum rows per stage, and their broadcast views over the S tile.
+  // lse_log2 / dpsum rows per stage, and their broadcast views over the S tile.
   using SmemLayoutLSE = Layout<Shape<Int<kBlockM>, Int<kStagesQ>>>;
   using SmemLayoutdPsum = Layout<Shape<Int<kBlockM>, Int<kStagesdO>>>;
   template <int kStages>
@@ -222,7 +222,7 @@ struct BwdMainloop {
     TMA_V tma_load_V;
     TMA_dQ tma_add_dQ;
     float const* ptr_lse_log2;
-    float const* ptr_dsum;
+    float const* ptr_dpsum;
     int seqlen_q;
     int seqlen_k;
     int seqlen_q_rounded;
@@ -256,7 +256,7 @@ struct BwdMainloop {
         make_tma_copy(SM90_TMA_LOAD{}, mV, SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}),
         make_tma_copy(SM90_TMA_REDUCE_ADD{}, mdQacc, SmemLayoutdQ{}, Shape<Int<kBlockM>, Int<kdQCols>>{}, _1{}),
         p.lse_log2,
-        p.dsum,
+        p.dpsum,
         p.seqlen_q,
         p.seqlen_k,
         p.seqlen_q_rounded,
@@ -310,7 +310,7 @@ struct BwdMainloop {
 
     int64_t const row_offset = (int64_t(bidb) * params.num_heads_q + bidh) * params.seqlen_q_rounded;
     Tensor mLSE = make_tensor(make_gmem_ptr(params.ptr_lse_log2 + row_offset), make_shape(params.seqlen_q_rounded));
-    Tensor mdPsum = make_tensor(make_gmem_ptr(params.ptr_dsum + row_offset), make_shape(params.seqlen_q_rounded));
+    Tensor mdPsum = make_tensor(make_gmem_ptr(params.ptr_dpsum + row_offset), make_shape(params.seqlen_q_rounded));
     Tensor gLSE = local_tile(mLSE, Shape<Int<kBlockM>>{}, make_coord(_));      // (M, m)
     Tensor gdPsum = local_tile(mdPsum, Shape<Int<kBlockM>>{}, make_coord(_));  // (M, m)
 
@@ -429,7 +429,6 @@ struct BwdMainloop {
       named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
     }
 
-    int const seqlen_q = params.seqlen_q;
     int const seqlen_k = params.seqlen_k;
     bool const is_causal = params.is_causal;
     float const scale_log2 = params.scale_log2;
@@ -438,99 +437,89 @@ struct BwdMainloop {
     // K_j and V_j.
     ss.pipelines.barrier_KV.wait(0);
 
-    // One m-block; kMask: apply the key-tail / causal mask (only the diagonal blocks of a
-    // causal mask and the last key block need it, so the others skip that code entirely).
-    auto bwd_step = [&](int m_block, auto mask_tag) {
-      constexpr bool kMask = decltype(mask_tag)::value;
-      int const stage_q = read_q.index();
-      int const stage_do = read_do.index();
-      int const stage_ds = kStagesdS == 1 ? 0 : stage_q;
-      // Loop-invariant K / V operands, rebuilt per iteration (see launder_ptr).
-      Element* const k_ptr = launder_ptr(st.smem_k.data());
-      Element* const v_ptr = launder_ptr(st.smem_v.data());
-      Tensor tSrK = mma_smem_fragment<kSdPSwapAB>(thr_SdP, make_tensor(make_smem_ptr(k_ptr), SmemLayoutK{}));
-      Tensor tdPrV = mma_smem_fragment<kSdPSwapAB>(thr_SdP, make_tensor(make_smem_ptr(v_ptr), SmemLayoutV{}));
-      Tensor sKt_l = make_tensor(make_smem_ptr(k_ptr), SmemLayoutKt{});
-      // Per-thread smem addresses, also rebuilt per iteration (cheap integer math) rather than
-      // kept live across the loop: the MMA warps are at their register limit.
-      int const tidx = launder_int(thread_idx);
-      auto thr_SdP_l = tiled_mma_SdP.get_thread_slice(tidx);
-      auto thr_dQ_l = tiled_mma_dQ.get_thread_slice(tidx);
-      auto smem_thr_copy_PdS = smem_tiled_copy_PdS.get_thread_slice(tidx);
-      Tensor tLSEsLSE = thr_SdP_l.partition_C(sLSEMma);      // (MMA, MMA_M, MMA_N, stage)
-      Tensor tdPsumsdPsum = thr_SdP_l.partition_C(sdPsumMma);
-      Tensor tScS = thr_SdP_l.partition_C(make_identity_tensor(ShapeS{}));
-      Tensor tdSsdS = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(
-          as_position_independent_swizzle_tensor(sdS), as_position_independent_swizzle_tensor(sdSt)));
+    // ---- the steps of one m-block (bwd_step below chains them) ----
+    // Per-iteration operand descriptors and per-thread smem addresses are rebuilt inside the
+    // steps from laundered values (see launder_ptr) instead of being kept live across the
+    // m-loop: the MMA warps are at their register limit.
+    auto k_operand_ptr = [&] { return launder_ptr(st.smem_k.data()); };
+    auto v_operand_ptr = [&] { return launder_ptr(st.smem_v.data()); };
 
-      // S = Q K^T (or S^T = K Q^T)
-      Tensor tSrS = partition_fragment_C(tiled_mma_SdP, ShapeS{});
+    // S = Q K^T and dP = dO V^T (or S^T = K Q^T, dP^T = V dO^T), issued back to back.
+    auto gemm_s_dp = [&](auto& tSrS, auto& tdPrdP, int stage_q, int stage_do) {
+      Tensor tSrK = mma_smem_fragment<kSdPSwapAB>(
+          thr_SdP, make_tensor(make_smem_ptr(k_operand_ptr()), SmemLayoutK{}));
+      Tensor tdPrV = mma_smem_fragment<kSdPSwapAB>(
+          thr_SdP, make_tensor(make_smem_ptr(v_operand_ptr()), SmemLayoutV{}));
       pipeline_q.consumer_wait(read_q);
       if constexpr (kSdPSwapAB) {
         wg_gemm<true, -1>(tiled_mma_SdP, tSrK, tSrQ(_, _, _, stage_q), tSrS);
       } else {
         wg_gemm<true, -1>(tiled_mma_SdP, tSrQ(_, _, _, stage_q), tSrK, tSrS);
       }
-      // dP = dO V^T (or dP^T = V dO^T)
-      Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});
       pipeline_do.consumer_wait(read_do);
       if constexpr (kSdPSwapAB) {
         wg_gemm<true, -1>(tiled_mma_SdP, tdPrV, tdPrdO(_, _, _, stage_do), tdPrdP);
       } else {
         wg_gemm<true, -1>(tiled_mma_SdP, tdPrdO(_, _, _, stage_do), tdPrV, tdPrdP);
       }
+    };
 
+    // P = exp2(S * scale_log2 - lse_log2) in place of S, once S is done (dP may still run).
+    // kMask: the key tail and the causal diagonal (only the iterations that need it).
+    auto softmax_p = [&](auto& tSrS, int m_block, int stage_q, auto mask_tag) {
+      constexpr bool kMask = decltype(mask_tag)::value;
       warpgroup_wait<1>();
       warpgroup_fence_operand(tSrS);
-      // P = exp2(S * scale_log2 - lse_log2), masked (key tail; causal diagonal blocks).
-      {
-        Tensor tLSE = tLSEsLSE(_, _, _, stage_q);
-        int const row0 = m_block * kBlockM;
-        int const col0 = n_block * kBlockN;
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) {
-          float s = tSrS(i);
-          if constexpr (kMask) {
-            auto c = tScS(i);
-            int const q_idx = row0 + (kSdPSwapAB ? get<1>(c) : get<0>(c));
-            int const k_idx = col0 + (kSdPSwapAB ? get<0>(c) : get<1>(c));
-            if (k_idx >= seqlen_k || (is_causal && k_idx > q_idx)) { s = -INFINITY; }
-          }
-          tSrS(i) = exp2f(s * scale_log2 - tLSE(i));
+      auto thr = tiled_mma_SdP.get_thread_slice(launder_int(thread_idx));
+      Tensor tLSE = thr.partition_C(sLSEMma)(_, _, _, stage_q);
+      Tensor tScS = thr.partition_C(make_identity_tensor(ShapeS{}));
+      int const row0 = m_block * kBlockM;
+      int const col0 = n_block * kBlockN;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) {
+        float s = tSrS(i);
+        if constexpr (kMask) {
+          auto c = tScS(i);
+          int const q_idx = row0 + (kSdPSwapAB ? get<1>(c) : get<0>(c));
+          int const k_idx = col0 + (kSdPSwapAB ? get<0>(c) : get<1>(c));
+          if (k_idx >= seqlen_k || (is_causal && k_idx > q_idx)) { s = -INFINITY; }
         }
+        tSrS(i) = exp2f(s * scale_log2 - tLSE(i));
       }
       // Pin P here, before the wait for dP: the exponentials overlap the dP wgmma instead of
       // being scheduled after it.
       warpgroup_fence_operand(tSrS);
+    };
 
+    // dS = P * (dP - dpsum) in place of dP, once dP is done.
+    auto softmax_grad = [&](auto const& tSrP, auto& tdPrdP, int stage_do) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdPrdP);
-      // dS = P * (dP - dsum)
-      {
-        Tensor tdPsum = tdPsumsdPsum(_, _, _, stage_do);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tdPrdP); ++i) { tdPrdP(i) = tSrS(i) * (tdPrdP(i) - tdPsum(i)); }
+      auto thr = tiled_mma_SdP.get_thread_slice(launder_int(thread_idx));
+      Tensor tdPsum = thr.partition_C(sdPsumMma)(_, _, _, stage_do);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tdPrdP); ++i) { tdPrdP(i) = tSrP(i) * (tdPrdP(i) - tdPsum(i)); }
+    };
+
+    // P and dS to shared memory as needed, then dV += P^T dO (or dV^T += dO^T P). On return
+    // dS is visible in smem to every MMA warpgroup (dQ and, SS, dK read it there).
+    auto store_pds_gemm_dv = [&](auto& rP, auto& rdS, int stage_do, int stage_ds) {
+      auto smem_thr_copy_PdS = smem_tiled_copy_PdS.get_thread_slice(launder_int(thread_idx));
+      Tensor tdSsdS = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(
+          as_position_independent_swizzle_tensor(sdS), as_position_independent_swizzle_tensor(sdSt)));
+      if constexpr (kStagesdS == 1) {
+        // every warpgroup is done reading the previous P / dS
+        named_sync(kNumMmaThreads, BwdBarrier::kPdS);
       }
-
-      Tensor rP = make_tensor_like<Element>(tSrS);
-      convert_fragment(tSrS, rP);
-      Tensor rdS = make_tensor_like<Element>(tdPrdP);
-      convert_fragment(tdPrdP, rdS);
-
       if constexpr (!kMmadKVIsRS) {
         Tensor sP = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdS{});
         Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
         Tensor tPsP = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(
             as_position_independent_swizzle_tensor(sP), as_position_independent_swizzle_tensor(sPt)));
-        if constexpr (kStagesdS == 1) {
-          // every warpgroup is done reading the previous P / dS
-          named_sync(kNumMmaThreads, BwdBarrier::kPdS);
-        }
         cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rP), tPsP(_, _, _, stage_ds));
         cutlass::arch::fence_view_async_shared();
         named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // P visible to every warpgroup
         cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rdS), tdSsdS(_, _, _, stage_ds));
-        // dV += P^T dO (or dV^T += dO^T P)
         Tensor tdVrP = mma_smem_fragment<!kdKVSwapAB>(thr_dKV, sPt);
         if constexpr (kdKVSwapAB) {
           wg_gemm<false, -1>(tiled_mma_dKV, tdVrdO(_, _, _, stage_do), tdVrP(_, _, _, stage_ds), tdVrdV);
@@ -538,28 +527,26 @@ struct BwdMainloop {
           wg_gemm<false, -1>(tiled_mma_dKV, tdVrP(_, _, _, stage_ds), tdVrdO(_, _, _, stage_do), tdVrdV);
         }
       } else {
-        if constexpr (kStagesdS == 1) { named_sync(kNumMmaThreads, BwdBarrier::kPdS); }
         cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rdS), tdSsdS(_, _, _, stage_ds));
-        // dV += P^T dO with P^T straight from registers
+        // P^T straight from registers
         Tensor tdVrP = make_tensor(rP.data(), acc_layout_as_A_operand(rP.layout()));
         wg_gemm<false, -1>(tiled_mma_dKV, tdVrP, tdVrdO(_, _, _, stage_do), tdVrdV);
       }
       cutlass::arch::fence_view_async_shared();
       named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // dS visible to every warpgroup
+    };
 
-      // dQ slice 0 = dS K[:, slice 0]
-      Tensor tdQrdQ = partition_fragment_C(tiled_mma_dQ, ShapedQ{});
-      // position-independent swizzle: keeps the address in the shared space (STS, not ST.E)
-      Tensor tdQsdQ = thr_dQ_l.partition_C(as_position_independent_swizzle_tensor(sdQ));
-      {
-        Tensor sKt_s = local_tile(sKt_l, Shape<Int<kdQCols>, Int<kBlockN>>{}, make_coord(0, _0{}));
-        Tensor tdQrK = thr_dQ.partition_fragment_B(sKt_s);
-        wg_gemm<true, 1>(tiled_mma_dQ, tdQrdS(_, _, _, stage_ds), tdQrK, tdQrdQ);  // dV done after this
-      }
-      pipeline_do.consumer_release(read_do);  // dO read by dP and dV only
-      ++read_do;
+    // dQ slice s = dS K[:, slice s]; kWait as wg_gemm's.
+    auto gemm_dq_slice = [&](auto& tdQrdQ, int slice, int stage_ds, auto wait_tag) {
+      constexpr int kWait = decltype(wait_tag)::value;
+      Tensor sKt = make_tensor(make_smem_ptr(k_operand_ptr()), SmemLayoutKt{});
+      Tensor sKt_s = local_tile(sKt, Shape<Int<kdQCols>, Int<kBlockN>>{}, make_coord(slice, _0{}));
+      Tensor tdQrK = thr_dQ.partition_fragment_B(sKt_s);
+      wg_gemm<true, kWait>(tiled_mma_dQ, tdQrdS(_, _, _, stage_ds), tdQrK, tdQrdQ);
+    };
 
-      // dK += dS^T Q (or dK^T += Q^T dS)
+    // dK += dS^T Q (or dK^T += Q^T dS); leaves one wgmma batch in flight.
+    auto gemm_dk = [&](auto& rdS, int stage_q, int stage_ds) {
       if constexpr (kMmadKVIsRS) {
         Tensor tdKrdS = make_tensor(rdS.data(), acc_layout_as_A_operand(rdS.layout()));
         wg_gemm<false, 1>(tiled_mma_dKV, tdKrdS, tdKrQ(_, _, _, stage_q), tdKrdK);
@@ -571,23 +558,47 @@ struct BwdMainloop {
           wg_gemm<false, 1>(tiled_mma_dKV, tdKrdS(_, _, _, stage_ds), tdKrQ(_, _, _, stage_q), tdKrdK);
         }
       }
-      // dQ slice 0 is complete: hand it to the dQ writer.
+    };
+
+    // A finished dQ slice to the staging tile, for the dQ-writer warp's TMA reduce-add.
+    auto hand_dq_to_writer = [&](auto const& tdQrdQ) {
+      auto thr = tiled_mma_dQ.get_thread_slice(launder_int(thread_idx));
+      // position-independent swizzle: keeps the address in the shared space (STS, not ST.E)
+      Tensor tdQsdQ = thr.partition_C(as_position_independent_swizzle_tensor(sdQ));
       named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
       cute::copy(tdQrdQ, tdQsdQ);
       cutlass::arch::fence_view_async_shared();
       named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
+    };
 
+    // One m-block.
+    auto bwd_step = [&](int m_block, auto mask_tag) {
+      int const stage_q = read_q.index();
+      int const stage_do = read_do.index();
+      int const stage_ds = kStagesdS == 1 ? 0 : stage_q;
+
+      Tensor tSrS = partition_fragment_C(tiled_mma_SdP, ShapeS{});    // S, then P
+      Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});  // dP, then dS
+      gemm_s_dp(tSrS, tdPrdP, stage_q, stage_do);
+      softmax_p(tSrS, m_block, stage_q, mask_tag);
+      softmax_grad(tSrS, tdPrdP, stage_do);
+      Tensor rP = make_tensor_like<Element>(tSrS);
+      convert_fragment(tSrS, rP);
+      Tensor rdS = make_tensor_like<Element>(tdPrdP);
+      convert_fragment(tdPrdP, rdS);
+
+      store_pds_gemm_dv(rP, rdS, stage_do, stage_ds);
+      Tensor tdQrdQ = partition_fragment_C(tiled_mma_dQ, ShapedQ{});
+      gemm_dq_slice(tdQrdQ, 0, stage_ds, cute::Int<1>{});  // dV is done after this wait
+      pipeline_do.consumer_release(read_do);  // dO read by dP and dV only
+      ++read_do;
+      gemm_dk(rdS, stage_q, stage_ds);
+      hand_dq_to_writer(tdQrdQ);  // slice 0 is complete (the wait above)
       CUTLASS_PRAGMA_UNROLL
       for (int s = 1; s < kdQSlices; ++s) {
-        Tensor sKt_s = local_tile(sKt_l, Shape<Int<kdQCols>, Int<kBlockN>>{}, make_coord(s, _0{}));
-        Tensor tdQrK = thr_dQ.partition_fragment_B(sKt_s);
-        wg_gemm<true, 0>(tiled_mma_dQ, tdQrdS(_, _, _, stage_ds), tdQrK, tdQrdQ);
-        named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
-        cute::copy(tdQrdQ, tdQsdQ);
-        cutlass::arch::fence_view_async_shared();
-        named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
+        gemm_dq_slice(tdQrdQ, s, stage_ds, cute::Int<0>{});
+        hand_dq_to_writer(tdQrdQ);
       }
-
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdKrdK);
       pipeline_q.consumer_release(read_q);  // Q read by S and dK

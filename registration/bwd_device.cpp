@@ -1,0 +1,475 @@
+// The device layer of the attention backward: see bwd_device.h.
+#include "bwd_device.h"
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "bwd_main_launch.h"
+#include "bwd_params.h"
+#include "instantiations/variants.h"
+#include "prepost.h"
+
+namespace sm90_sdpa {
+
+// The explicit instantiations live in the generated csrc/instantiations/bwd_main_*.cu files.
+#define TORCH_SM90_SDPA_EXTERN_VARIANT(ENUM, NAME, CODE, HDIM) \
+  extern template void run_bwd_main<DType::ENUM, HDIM>(const BwdParams&, cudaStream_t);
+TORCH_SM90_SDPA_FOR_EACH_VARIANT(TORCH_SM90_SDPA_EXTERN_VARIANT)
+#undef TORCH_SM90_SDPA_EXTERN_VARIANT
+
+namespace device {
+
+const char* const kReasonNotSm90 = "not an SM90 GPU";
+const char* const kReasonDtype = "dtype";
+const char* const kReasonDv = "Dv != D";
+const char* const kReasonHeads = "Hq not a multiple of Hkv";
+const char* const kReasonVariant = "head dim not compiled";
+const char* const kReasonDeterministic = "deterministic algorithms";
+const char* const kReasonLastDim = "last dim not contiguous";
+const char* const kReasonTooLarge = "sizes exceed the kernel's int32 indexing";
+
+namespace {
+
+[[noreturn]] void fail_value(const std::string& msg) {
+  throw std::invalid_argument("torch_sm90_sdpa: " + msg);
+}
+[[noreturn]] void fail_runtime(const std::string& msg) {
+  throw std::runtime_error("torch_sm90_sdpa: " + msg);
+}
+
+template <class... T>
+std::string cat(const T&... parts) {
+  std::ostringstream s;
+  (s << ... << parts);
+  return s.str();
+}
+
+int elem_bytes(int dtype) { return (dtype == 0 || dtype == 1) ? 2 : 0; }
+
+std::string compiled_list() {
+  std::ostringstream s;
+  s << "[";
+  bool first = true;
+  for (const auto& v : compiled_variants()) {
+    s << (first ? "" : ", ") << dtype_name(v.first) << "/" << v.second;
+    first = false;
+  }
+  s << "]";
+  return s.str();
+}
+
+Decision unsupported(const char* reason, std::string detail) {
+  Decision d;
+  d.verdict = Verdict::kUnsupported;
+  d.reason = reason;
+  d.detail = std::move(detail);
+  return d;
+}
+
+// Each operand's [B, H, S] extents.
+void extents(const BwdProblem& p, int op, int& b, int& h, int& s) {
+  const bool q_side = op == kQ || op == kOut || op == kDout || op == kLse || op == kDq;
+  b = p.batch;
+  h = q_side ? p.heads_q : p.heads_kv;
+  s = q_side ? p.seqlen_q : p.seqlen_k;
+}
+
+int64_t round_up(int64_t n, int64_t r) { return (n + r - 1) / r * r; }
+
+// ---- compiled variants ----------------------------------------------------------------------
+
+bool dispatch_main(const BwdParams& p, cudaStream_t stream) {
+  (void)p;
+  (void)stream;
+#define TORCH_SM90_SDPA_CASE(ENUM, NAME, CODE, HDIM)   \
+  if (p.dtype == DType::ENUM && p.head_dim == HDIM) { \
+    run_bwd_main<DType::ENUM, HDIM>(p, stream);       \
+    return true;                                      \
+  }
+  TORCH_SM90_SDPA_FOR_EACH_VARIANT(TORCH_SM90_SDPA_CASE)
+#undef TORCH_SM90_SDPA_CASE
+  return false;
+}
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    fail_runtime(cat(what, " launch failed: ", cudaGetErrorName(err), ": ",
+                     cudaGetErrorString(err)));
+  }
+}
+
+// ---- what run() protects --------------------------------------------------------------------
+
+void require_ptr(const void* ptr, const char* name, const char* what) {
+  if (ptr == nullptr) fail_value(cat(what, ": params.", name, " is null"));
+}
+
+bool is_empty(const BwdParams& p) {
+  return p.batch == 0 || p.heads_q == 0 || p.heads_kv == 0 || p.seqlen_q == 0 ||
+         p.seqlen_k == 0 || p.head_dim == 0 || p.head_dim_v == 0;
+}
+
+void check_sizes(const BwdParams& p, const char* what, bool allow_empty) {
+  const int vals[] = {p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim,
+                      p.head_dim_v};
+  const char* names[] = {"batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim",
+                         "head_dim_v"};
+  for (int i = 0; i < 7; ++i) {
+    if (vals[i] < 0 || (vals[i] == 0 && !allow_empty)) {
+      fail_value(cat(what, ": params.", names[i], " = ", vals[i],
+                     allow_empty ? " is negative" : " must be positive"));
+    }
+  }
+  if (allow_empty && is_empty(p)) return;
+  if (p.heads_q % p.heads_kv != 0) {
+    fail_value(cat(what, ": heads_q (", p.heads_q, ") must be a multiple of heads_kv (",
+                   p.heads_kv, ")"));
+  }
+  if (p.seqlen_q_rounded != round_up_seq(p.seqlen_q) ||
+      p.seqlen_k_rounded != round_up_seq(p.seqlen_k)) {
+    fail_value(cat(what, ": seqlen_q_rounded / seqlen_k_rounded (", p.seqlen_q_rounded, ", ",
+                   p.seqlen_k_rounded, ") must be seqlen_q / seqlen_k (", p.seqlen_q, ", ",
+                   p.seqlen_k, ") rounded up to a multiple of ", kSeqRound));
+  }
+  const int dt = static_cast<int>(p.dtype);
+  if (dt != 0 && dt != 1) fail_value(cat(what, ": params.dtype must be 0 (fp16) or 1 (bf16)"));
+  if ((p.dk_accum == nullptr) != (p.dv_accum == nullptr)) {
+    fail_value(cat(what, ": dk_accum and dv_accum must be both set or both null"));
+  }
+}
+
+void check_tma(const void* ptr, int64_t sb, int nb, int64_t sh, int nh, int64_t sr, int nr,
+               const char* name, const char* what) {
+  OperandLayout l;
+  l.batch_stride = sb;
+  l.head_stride = sh;
+  l.row_stride = sr;
+  l.address_align = (reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0) ? 16 : 1;
+  if (!tma_addressable(l, 2, nb, nh, nr)) {
+    fail_value(cat(what, ": ", name, " must have a 16-byte aligned base address and positive "
+                   "batch/head/row strides that are multiples of 8 elements for the SM90 "
+                   "kernel (got strides ", sb, ", ", sh, ", ", sr, "); pass a contiguous copy"));
+  }
+}
+
+void prepare_device(BwdParams& p) {
+  const DeviceFacts& d = current_device_facts();
+  if (d.cc_major != 9 || d.cc_minor != 0) {
+    fail_runtime(cat("the kernels are built for sm_90a and need a compute capability 9.0 GPU "
+                     "(Hopper); current device ", d.index, " (", d.name, ") has compute "
+                     "capability ", d.cc_major, ".", d.cc_minor));
+  }
+  p.num_sms = d.num_sms;
+  p.l2_bytes = d.l2_bytes;
+}
+
+}  // namespace
+
+// ---- names ----------------------------------------------------------------------------------
+
+const char* operand_name(int operand) {
+  static const char* const names[kNumOperands] = {"q",  "k",   "v",  "out", "dout",
+                                                  "lse", "dq", "dk", "dv"};
+  return (operand >= 0 && operand < kNumOperands) ? names[operand] : "?";
+}
+
+const char* dtype_name(int dtype) {
+  switch (dtype) {
+    case 0: return "fp16";
+    case 1: return "bf16";
+    default: return "unknown";
+  }
+}
+
+bool main_kernel_compiled() { return TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED != 0; }
+
+std::vector<std::pair<int, int>> compiled_variants() {
+  std::vector<std::pair<int, int>> out;
+#define TORCH_SM90_SDPA_LIST(ENUM, NAME, CODE, HDIM) out.emplace_back(CODE, HDIM);
+  TORCH_SM90_SDPA_FOR_EACH_VARIANT(TORCH_SM90_SDPA_LIST)
+#undef TORCH_SM90_SDPA_LIST
+  return out;
+}
+
+bool has_variant(int head_dim, int dtype) {
+#define TORCH_SM90_SDPA_HAS(ENUM, NAME, CODE, HDIM) \
+  if (dtype == CODE && head_dim == HDIM) return true;
+  TORCH_SM90_SDPA_FOR_EACH_VARIANT(TORCH_SM90_SDPA_HAS)
+#undef TORCH_SM90_SDPA_HAS
+  (void)head_dim;
+  (void)dtype;
+  return false;
+}
+
+// ---- the contract ---------------------------------------------------------------------------
+
+bool tma_addressable(const OperandLayout& l, int elem_bytes_, int batch, int heads, int rows) {
+  if (l.address_align < 16) return false;
+  const int64_t unit = 16 / (elem_bytes_ > 0 ? elem_bytes_ : 1);  // elements per 16 bytes
+  auto ok = [&](int64_t stride, int n) { return n <= 1 || (stride > 0 && stride % unit == 0); };
+  return ok(l.batch_stride, batch) && ok(l.head_stride, heads) && ok(l.row_stride, rows);
+}
+
+Decision can_implement(const BwdProblem& p) {
+  const int sizes[] = {p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim,
+                       p.head_dim_v};
+  for (int s : sizes) {
+    if (s < 0) return unsupported("unexpected shapes", "a negative size");
+  }
+  if (p.cc_major != 9 || p.cc_minor != 0) {
+    return unsupported(kReasonNotSm90, cat("compute capability ", p.cc_major, ".", p.cc_minor,
+                                           " (the kernels are built for sm_90a)"));
+  }
+  if (elem_bytes(p.dtype) == 0) {
+    return unsupported(kReasonDtype, cat("dtype code ", p.dtype, "; served: fp16, bf16"));
+  }
+  if (p.head_dim_v != p.head_dim) {
+    return unsupported(kReasonDv, cat("D = ", p.head_dim, ", Dv = ", p.head_dim_v));
+  }
+  if (p.heads_kv == 0 ? p.heads_q != 0 : p.heads_q % p.heads_kv != 0) {
+    return unsupported(kReasonHeads, cat("Hq = ", p.heads_q, ", Hkv = ", p.heads_kv));
+  }
+  if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0 || p.seqlen_k == 0 ||
+      p.head_dim == 0) {
+    Decision d;
+    d.verdict = Verdict::kEmpty;
+    return d;
+  }
+  if (!has_variant(p.head_dim, p.dtype)) {
+    return unsupported(kReasonVariant, cat("no kernel for head dim ", p.head_dim, " ",
+                                           dtype_name(p.dtype), "; compiled: ",
+                                           compiled_list()));
+  }
+  if (p.deterministic) {
+    return unsupported(kReasonDeterministic, "the SM90 kernel has no deterministic mode yet");
+  }
+  for (int op = 0; op < kNumOperands; ++op) {
+    if (op == kLse) continue;  // [B, H, S]: no column mode
+    const int last = (op == kV || op == kOut || op == kDout || op == kDv) ? p.head_dim_v
+                                                                          : p.head_dim;
+    if (last > 1 && p.layout[op].col_stride != 1) {
+      return unsupported(kReasonLastDim, cat(operand_name(op), " has last-dim stride ",
+                                             p.layout[op].col_stride));
+    }
+  }
+  // int32 indexing in the kernels: rounded lengths, and key blocks x heads x batch in one grid
+  // dimension (64 keys per block at least).
+  const int64_t sq_r = round_up(p.seqlen_q, kSeqRound), sk_r = round_up(p.seqlen_k, kSeqRound);
+  const int64_t tiles = round_up(p.seqlen_k, 64) / 64 * int64_t(p.heads_q) * p.batch;
+  if (sq_r > INT_MAX || sk_r > INT_MAX || tiles > INT_MAX) {
+    return unsupported(kReasonTooLarge, cat("B = ", p.batch, ", Hq = ", p.heads_q, ", Sq = ",
+                                            p.seqlen_q, ", Sk = ", p.seqlen_k));
+  }
+  Decision d;
+  d.verdict = Verdict::kServed;
+  const int eb = elem_bytes(p.dtype);
+  for (int op : {kQ, kK, kV, kDout}) {
+    int b, h, s;
+    extents(p, op, b, h, s);
+    if (!tma_addressable(p.layout[op], eb, b, h, s)) d.copy_mask |= 1u << op;
+  }
+  return d;
+}
+
+WorkspaceLayout workspace_layout(const BwdProblem& p) {
+  WorkspaceLayout w;
+  w.gqa = p.heads_q != p.heads_kv;
+  const int64_t sq_r = round_up(p.seqlen_q, kSeqRound), sk_r = round_up(p.seqlen_k, kSeqRound);
+  const int64_t n_dq = int64_t(p.batch) * p.heads_q * sq_r * p.head_dim;
+  const int64_t n_dk = w.gqa ? int64_t(p.batch) * p.heads_kv * sk_r * p.head_dim : 0;
+  const int64_t n_dv = w.gqa ? int64_t(p.batch) * p.heads_kv * sk_r * p.head_dim_v : 0;
+  const int64_t n_row = int64_t(p.batch) * p.heads_q * sq_r;
+  // every piece is a multiple of kSeqRound floats (512 bytes): all offsets stay 16-byte aligned
+  int64_t o = 0;
+  w.dq_accum = o;
+  o += 4 * n_dq;
+  w.dk_accum = o;
+  o += 4 * n_dk;
+  w.dv_accum = o;
+  o += 4 * n_dv;
+  w.dpsum = o;
+  o += 4 * n_row;
+  w.lse_log2 = o;
+  o += 4 * n_row;
+  w.bytes = o;
+  return w;
+}
+
+BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale) {
+  BwdParams n;
+  n.batch = p.batch;
+  n.heads_q = p.heads_q;
+  n.heads_kv = p.heads_kv;
+  n.seqlen_q = p.seqlen_q;
+  n.seqlen_k = p.seqlen_k;
+  n.head_dim = p.head_dim;
+  n.head_dim_v = p.head_dim_v;
+  n.seqlen_q_rounded = round_up_seq(p.seqlen_q);
+  n.seqlen_k_rounded = round_up_seq(p.seqlen_k);
+  n.dtype = static_cast<DType>(p.dtype);
+  n.scale = scale;
+  n.scale_log2 = static_cast<float>(double(scale) * 1.4426950408889634);
+  n.is_causal = p.is_causal;
+  n.deterministic = p.deterministic;
+  auto strides = [&](int op, int64_t& sb, int64_t& sh, int64_t& sr) {
+    sb = p.layout[op].batch_stride;
+    sh = p.layout[op].head_stride;
+    sr = p.layout[op].row_stride;
+  };
+  n.q = ptrs.q;
+  strides(kQ, n.q_batch_stride, n.q_head_stride, n.q_row_stride);
+  n.k = ptrs.k;
+  strides(kK, n.k_batch_stride, n.k_head_stride, n.k_row_stride);
+  n.v = ptrs.v;
+  strides(kV, n.v_batch_stride, n.v_head_stride, n.v_row_stride);
+  n.out = ptrs.out;
+  strides(kOut, n.out_batch_stride, n.out_head_stride, n.out_row_stride);
+  n.dout = ptrs.dout;
+  strides(kDout, n.dout_batch_stride, n.dout_head_stride, n.dout_row_stride);
+  n.lse = ptrs.lse;
+  strides(kLse, n.lse_batch_stride, n.lse_head_stride, n.lse_row_stride);
+  n.dq = ptrs.dq;
+  strides(kDq, n.dq_batch_stride, n.dq_head_stride, n.dq_row_stride);
+  n.dk = ptrs.dk;
+  strides(kDk, n.dk_batch_stride, n.dk_head_stride, n.dk_row_stride);
+  n.dv = ptrs.dv;
+  strides(kDv, n.dv_batch_stride, n.dv_head_stride, n.dv_row_stride);
+  const WorkspaceLayout w = workspace_layout(p);
+  char* base = static_cast<char*>(ptrs.workspace);
+  auto at = [&](int64_t off) { return base == nullptr ? nullptr : reinterpret_cast<float*>(base + off); };
+  n.dq_accum = at(w.dq_accum);
+  n.dk_accum = w.gqa ? at(w.dk_accum) : nullptr;
+  n.dv_accum = w.gqa ? at(w.dv_accum) : nullptr;
+  n.dpsum = at(w.dpsum);
+  n.lse_log2 = at(w.lse_log2);
+  return n;
+}
+
+// ---- running --------------------------------------------------------------------------------
+
+const DeviceFacts& current_device_facts() {
+  int dev = -1;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail_runtime(cat("no usable CUDA device: ", cudaGetErrorString(err)));
+  }
+  static std::mutex mu;
+  static std::unordered_map<int, DeviceFacts> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  cudaDeviceProp prop;
+  err = cudaGetDeviceProperties(&prop, dev);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail_runtime(cat("cudaGetDeviceProperties failed: ", cudaGetErrorString(err)));
+  }
+  DeviceFacts f;
+  f.index = dev;
+  f.cc_major = prop.major;
+  f.cc_minor = prop.minor;
+  f.num_sms = prop.multiProcessorCount;
+  f.l2_bytes = prop.l2CacheSize;
+  f.name = prop.name;
+  return cache.emplace(dev, f).first->second;
+}
+
+void run_preprocess(const BwdParams& params, cudaStream_t stream) {
+  const char* what = "preprocess";
+  check_sizes(params, what, /*allow_empty=*/true);
+  if (is_empty(params)) return;
+  require_ptr(params.out, "out", what);
+  require_ptr(params.dout, "dout", what);
+  require_ptr(params.lse, "lse", what);
+  require_ptr(params.dpsum, "dpsum", what);
+  require_ptr(params.lse_log2, "lse_log2", what);
+  require_ptr(params.dq_accum, "dq_accum", what);
+  BwdParams p = params;
+  prepare_device(p);
+  cudaGetLastError();  // do not blame this launch for an earlier error
+  run_bwd_preprocess(p, stream);
+  check_launch("preprocess kernel");
+}
+
+void run_postprocess(const BwdParams& params, cudaStream_t stream) {
+  const char* what = "postprocess";
+  check_sizes(params, what, /*allow_empty=*/true);
+  if (is_empty(params)) return;
+  require_ptr(params.dq_accum, "dq_accum", what);
+  require_ptr(params.dq, "dq", what);
+  if (params.dk_accum != nullptr) {
+    require_ptr(params.dk, "dk", what);
+    require_ptr(params.dv, "dv", what);
+  }
+  BwdParams p = params;
+  prepare_device(p);
+  cudaGetLastError();
+  run_bwd_postprocess(p, stream);
+  check_launch("postprocess kernel");
+}
+
+void run(const BwdParams& params, cudaStream_t stream) {
+  const char* what = "backward";
+  const BwdParams& p0 = params;
+  check_sizes(p0, what, /*allow_empty=*/false);
+  const char* names[] = {"q", "k", "v", "out", "dout", "lse", "dpsum", "lse_log2", "dq_accum",
+                         "dq", "dk", "dv"};
+  const void* ptrs[] = {p0.q, p0.k, p0.v, p0.out, p0.dout, p0.lse, p0.dpsum, p0.lse_log2,
+                        p0.dq_accum, p0.dq, p0.dk, p0.dv};
+  for (int i = 0; i < 12; ++i) require_ptr(ptrs[i], names[i], what);
+  if (p0.head_dim_v != p0.head_dim) {
+    fail_value(cat(what, ": the SM90 kernel needs head_dim_v == head_dim (got ", p0.head_dim_v,
+                   " and ", p0.head_dim, ")"));
+  }
+  const bool gqa = p0.heads_q != p0.heads_kv;
+  if (gqa != (p0.dk_accum != nullptr)) {
+    fail_value(cat(what, gqa ? ": GQA (heads_q != heads_kv) needs the fp32 workspaces dk_accum "
+                               "and dv_accum"
+                             : ": dk_accum / dv_accum must be null when heads_q == heads_kv "
+                               "(the main kernel writes dk and dv directly)"));
+  }
+  if (p0.deterministic) {
+    fail_value(cat(what, ": the SM90 kernel has no deterministic mode yet"));
+  }
+  const int B = p0.batch, Hq = p0.heads_q, Hkv = p0.heads_kv, Sq = p0.seqlen_q, Sk = p0.seqlen_k;
+  check_tma(p0.q, p0.q_batch_stride, B, p0.q_head_stride, Hq, p0.q_row_stride, Sq, "q", what);
+  check_tma(p0.k, p0.k_batch_stride, B, p0.k_head_stride, Hkv, p0.k_row_stride, Sk, "k", what);
+  check_tma(p0.v, p0.v_batch_stride, B, p0.v_head_stride, Hkv, p0.v_row_stride, Sk, "v", what);
+  check_tma(p0.dout, p0.dout_batch_stride, B, p0.dout_head_stride, Hq, p0.dout_row_stride, Sq,
+            "dout", what);
+  if (!gqa) {  // the main kernel writes dk and dv itself
+    check_tma(p0.dk, p0.dk_batch_stride, B, p0.dk_head_stride, Hkv, p0.dk_row_stride, Sk, "dk",
+              what);
+    check_tma(p0.dv, p0.dv_batch_stride, B, p0.dv_head_stride, Hkv, p0.dv_row_stride, Sk, "dv",
+              what);
+  }
+  const int dt = static_cast<int>(p0.dtype);
+  if (!has_variant(p0.head_dim, dt)) {
+    fail_runtime(cat("backward variant (dtype=", dtype_name(dt), ", head_dim=", p0.head_dim,
+                     ") is not compiled into torch_sm90_sdpa._C; compiled variants: ",
+                     compiled_list(), " (see TORCH_SM90_SDPA_HEAD_DIMS / TORCH_SM90_SDPA_DTYPES)"));
+  }
+  BwdParams p = params;
+  prepare_device(p);
+  cudaGetLastError();
+  run_bwd_preprocess(p, stream);
+  check_launch("preprocess kernel");
+  dispatch_main(p, stream);
+  check_launch("main backward kernel");
+  // GQA: dq, dk and dv from the accumulators; MHA (dk_accum is null): dq only, the main
+  // kernel wrote dk and dv itself
+  run_bwd_postprocess(p, stream);
+  check_launch("postprocess kernel");
+}
+
+}  // namespace device
+}  // namespace sm90_sdpa

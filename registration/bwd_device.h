@@ -1,0 +1,136 @@
+// The device layer of the attention backward (in the manner of CUTLASS's device-level APIs):
+// the one statement of what the SM90 kernels serve, the workspace they need, and running them.
+// Free of torch and pybind11; everything above it (the torch op in torch_op.cpp, the Python
+// binding in module.cpp, the compile-time policy through that binding) asks it instead of
+// re-deriving its rules.
+//
+//   Decision can_implement(const BwdProblem&)    served / empty / unsupported (+ reason), and
+//                                                which operands must be passed as copies
+//   WorkspaceLayout workspace_layout(problem)    byte offsets of the fp32 workspaces
+//   BwdParams make_params(problem, ptrs, ws, scale)
+//   void run(const BwdParams&, cudaStream_t)     preprocess, main kernel, postprocess
+//
+// Shapes: q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out / dout [B, Hq, Sq, Dv],
+// lse [B, Hq, Sq] fp32; dq / dk / dv like q / k / v. Strides in elements.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bwd_params.h"
+
+namespace sm90_sdpa {
+namespace device {
+
+// The tensors of one backward call, in the order of the op's schema where they appear there.
+enum Operand : int { kQ = 0, kK, kV, kOut, kDout, kLse, kDq, kDk, kDv, kNumOperands };
+const char* operand_name(int operand);  // "q", "k", ... ("dout" for grad_out)
+
+// What the contract needs to know of one [B, H, S, X] operand (lse: [B, H, S], col_stride 1).
+// address_align: the largest power of two dividing the data address in bytes, capped at 16
+// (at compile time: what the storage offset proves, with 16-byte aligned storages).
+struct OperandLayout {
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 1;
+  int address_align = 16;
+};
+
+struct BwdProblem {
+  int batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_k = 0;
+  int head_dim = 0, head_dim_v = 0;
+  int dtype = -1;  // DType code: 0 fp16, 1 bf16; anything else is not served
+  bool is_causal = false;
+  bool deterministic = false;
+  int cc_major = 0, cc_minor = 0;  // compute capability of the device the call runs on
+  OperandLayout layout[kNumOperands];
+};
+
+enum class Verdict : int {
+  kServed = 0,       // run() it (after copying the operands in copy_mask)
+  kEmpty = 1,        // a size is 0: nothing to launch, the gradients are zeros (or empty)
+  kUnsupported = 2,  // not served: `reason` (a stable short string) and `detail`
+};
+
+// Stable short reasons (the compile-time policy reports them as they are).
+extern const char* const kReasonNotSm90;        // "not an SM90 GPU"
+extern const char* const kReasonDtype;          // "dtype"
+extern const char* const kReasonDv;             // "Dv != D"
+extern const char* const kReasonHeads;          // "Hq not a multiple of Hkv"
+extern const char* const kReasonVariant;        // "head dim not compiled"
+extern const char* const kReasonDeterministic;  // "deterministic algorithms"
+extern const char* const kReasonLastDim;        // "last dim not contiguous"
+extern const char* const kReasonTooLarge;       // "sizes exceed the kernel's int32 indexing"
+
+struct Decision {
+  Verdict verdict = Verdict::kUnsupported;
+  // Inputs the main kernel's TMA cannot address as they are (a misaligned base, a stride that
+  // is 0, negative or not a multiple of 16 bytes): pass a contiguous copy instead. Bit i is
+  // Operand i. Only q, k, v and dout are ever set (out and lse are read with plain loads;
+  // dq / dk / dv are allocated by the caller with dense strides).
+  uint32_t copy_mask = 0;
+  std::string reason;
+  std::string detail;
+};
+
+Decision can_implement(const BwdProblem& problem);
+
+// Whether the main kernel's TMA can address an operand of `elem_bytes` elements with this
+// layout (modes of one element are never stepped and need nothing).
+bool tma_addressable(const OperandLayout& layout, int elem_bytes, int batch, int heads,
+                     int rows);
+
+// The fp32 workspaces, as byte offsets into one allocation of `bytes` (16-byte aligned):
+//   dq_accum [B, Hq, Sq_rounded, D], dk_accum [B, Hkv, Sk_rounded, D] and dv_accum
+//   [B, Hkv, Sk_rounded, Dv] (GQA only, else size 0), dpsum and lse_log2 [B, Hq, Sq_rounded].
+struct WorkspaceLayout {
+  int64_t dq_accum = 0, dk_accum = 0, dv_accum = 0, dpsum = 0, lse_log2 = 0;
+  int64_t bytes = 0;
+  bool gqa = false;
+};
+WorkspaceLayout workspace_layout(const BwdProblem& problem);
+
+// Data addresses of the operands (after any copies) and of the workspace allocation.
+struct BwdPointers {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* out = nullptr;
+  const void* dout = nullptr;
+  const float* lse = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  void* workspace = nullptr;
+};
+
+// The kernels' params of a served problem. `problem.layout` must describe the tensors behind
+// `ptrs` (the copies' layouts where operands were copied).
+BwdParams make_params(const BwdProblem& problem, const BwdPointers& ptrs, float scale);
+
+// Preprocess, main kernel and postprocess on `stream`, on the current CUDA device. Checks what
+// protects memory (non-null pointers, positive sizes, the compiled variant, TMA-addressable
+// operands) and throws std::invalid_argument / std::runtime_error otherwise.
+void run(const BwdParams& params, cudaStream_t stream);
+
+// Parts of run(), for tests of the pre/post kernels. Empty problems launch nothing.
+void run_preprocess(const BwdParams& params, cudaStream_t stream);
+void run_postprocess(const BwdParams& params, cudaStream_t stream);
+
+// Facts of the current CUDA device, read once per device.
+struct DeviceFacts {
+  int index = -1, cc_major = 0, cc_minor = 0, num_sms = 0, l2_bytes = 0;
+  std::string name;
+};
+const DeviceFacts& current_device_facts();
+
+// The compiled main-kernel variants.
+bool main_kernel_compiled();
+std::vector<std::pair<int, int>> compiled_variants();  // (dtype code, head dim)
+bool has_variant(int head_dim, int dtype);
+const char* dtype_name(int dtype);  // "fp16", "bf16" or "unknown"
+
+}  // namespace device
+}  // namespace sm90_sdpa
