@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, GPU tests, benchmarks, compute-sanitizer, logs in OUTDIR.
+#
+#   tools/device_session.sh OUTDIR [STEPS]
+#
+# STEPS (default "tests,host,sanitize"), comma-separated, run in this order after the build:
+#   tests      the GPU suite (pytest-xdist, 8 workers) through tools/gpu_check.sh
+#   host       benchmarks/host_overhead.py (host cost per op call, and its alternatives)
+#   bench      benchmarks/bench_bwd.py --quick (side-by-side backward TFLOP/s)
+#   masks      benchmarks/bench_masks.py (masked backward against the stock masked kernels)
+#   sanitize   compute-sanitizer memcheck + racecheck on tools/sanitize_case.py
+# Carry .whl (nvidia-cutlass, expecttest). Prints a short summary last.
+set -uo pipefail
+OUT=${1:?usage: $0 OUTDIR [STEPS]}
+STEPS=${2:-tests,host,sanitize}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+export PYTHONUNBUFFERED=1
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+summary=()
+
+TEST_ARGS=(-n 8 tests)
+has tests || TEST_ARGS=(tests/test_build.py -k build_info)  # still builds, runs a smoke test
+t0=$(date +%s)
+tools/gpu_check.sh "$OUT/check" "${TEST_ARGS[@]}" > "$OUT/gpu_check.log" 2>&1
+summary+=("gpu_check (build + tests): exit $? in $(( $(date +%s) - t0 )) s")
+export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+if has host; then
+  python3 benchmarks/host_overhead.py --json "$OUT/host_overhead.json" > "$OUT/host_overhead.txt" 2>&1
+  summary+=("host_overhead: exit $?")
+fi
+if has bench; then
+  python3 benchmarks/bench_bwd.py --quick > "$OUT/bench_bwd.txt" 2>&1
+  summary+=("bench_bwd: exit $?")
+fi
+if has masks; then
+  python3 benchmarks/bench_masks.py > "$OUT/bench_masks.txt" 2>&1
+  summary+=("bench_masks: exit $?")
+fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool "$tool" python3 tools/sanitize_case.py \
+      > "$OUT/sanitize_$tool.txt" 2>&1
+    summary+=("sanitize $tool: exit $?, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.txt" | tail -n 1)")
+  done
+fi
+
+echo "==== summary ===="
+cat "$OUT/check/summary.txt" 2>/dev/null | sed -n '1,40p'
+printf '%s\n' "${summary[@]}"
+for f in host_overhead.txt bench_bwd.txt bench_masks.txt; do
+  [ -f "$OUT/$f" ] && { echo "---- $f"; tail -n 40 "$OUT/$f"; }
+done
+exit 0
