@@ -246,13 +246,15 @@ std::string strides_str(const TensorInfo& t) {
   return s.str();
 }
 
-// The strides torch.empty_like gives: a non-overlapping and dense tensor keeps its strides,
-// anything else (expanded, sliced, padded views) gets contiguous strides.
+// The strides torch.empty_like gives: a non-overlapping and dense tensor keeps its strides;
+// any other strided tensor (a view of a packed projection, expanded or padded rows) gets dense
+// strides in the same order of dimensions as its own (c10's infer_dense_strides: stride-0
+// dimensions keep their place, equal strides put the smaller size first).
 void empty_like_strides(const TensorInfo& t, int64_t* out) {
-  const int64_t n = t.dim;
+  const int n = static_cast<int>(t.dim);
+  // non-overlapping and dense? (dims sorted by stride, those of size < 2 last)
   int perm[8];
   for (int i = 0; i < n; ++i) perm[i] = i;
-  // sort by stride, dims of size < 2 last (as c10's compute_non_overlapping_and_dense)
   for (int i = 1; i < n; ++i) {
     for (int j = i; j > 0; --j) {
       const int a = perm[j - 1], b = perm[j];
@@ -278,10 +280,32 @@ void empty_like_strides(const TensorInfo& t, int64_t* out) {
     for (int i = 0; i < n; ++i) out[i] = t.strides[i];
     return;
   }
+  // dense strides in the input's order: innermost first, from the last dim backwards
+  for (int i = 0; i < n; ++i) perm[i] = n - 1 - i;
+  auto compare = [&](int d0, int d1) {  // > 0: d0 goes after d1
+    const int64_t s0 = t.strides[d0], s1 = t.strides[d1];
+    if (s0 == 0 || s1 == 0) return 0;  // ambiguous: keep the contiguous order
+    if (s0 != s1) return s0 < s1 ? -1 : 1;
+    return t.sizes[d0] > t.sizes[d1] ? 1 : 0;
+  };
+  for (int i = 1; i < n; ++i) {
+    int d1 = i;
+    for (int d0 = i - 1; d0 >= 0; --d0) {
+      const int c = compare(perm[d0], perm[d1]);
+      if (c > 0) {
+        const int tmp = perm[d0];
+        perm[d0] = perm[d1];
+        perm[d1] = tmp;
+        d1 = d0;
+      } else if (c < 0) {
+        break;
+      }
+    }
+  }
   int64_t acc = 1;
-  for (int64_t i = n - 1; i >= 0; --i) {
-    out[i] = acc;
-    acc *= t.sizes[i] > 1 ? t.sizes[i] : 1;
+  for (int i = 0; i < n; ++i) {
+    out[perm[i]] = acc;
+    if (t.sizes[perm[i]] > 1) acc *= t.sizes[perm[i]];
   }
 }
 

@@ -395,7 +395,7 @@ class TestSwitch(unittest.TestCase):
             self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite().uuid())
         with mock.patch.object(policy, "CUDA_DETERMINISTIC_SUPPORTED", True):
             self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite().uuid())
-        with mock.patch.object(policy, "device_capability", lambda dev: (9, 0)), \
+        with mock.patch.object(policy, "device_capability", lambda dev: (7, 5)), \
                 mock.patch.object(torch.cuda, "is_available", lambda: True), \
                 mock.patch.object(torch.cuda, "is_initialized", lambda: True), \
                 mock.patch.object(torch.cuda, "device_count", lambda: 1):

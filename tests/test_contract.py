@@ -26,12 +26,12 @@ D = 128
 B, HQ, HKV, S = 2, 4, 2, 40
 
 
-def _randn(*shape, dtype=torch.bfloat16, device="cpu"):
-    return torch.randn(*shape, device=device).to(dtype)
-
-
 def _layout(name, device="cpu", dtype=torch.bfloat16):
-    """(q, k, v, grad_out) of one named layout; q [B, HQ, S, D], k/v [B, HKV, S, D]."""
+    """(q, k, v, grad_out) of one named layout; q [B, HQ, S, D], k/v [B, HKV, S, D]. Made on
+    `device` directly (a .to(device) would not keep views' offsets and strides)."""
+    def _randn(*shape):
+        return torch.randn(*shape, device=device).to(dtype)
+
     if name == "bhsd":
         q, k, v = _randn(B, HQ, S, D), _randn(B, HKV, S, D), _randn(B, HKV, S, D)
     elif name == "bshd":
@@ -60,7 +60,7 @@ def _layout(name, device="cpu", dtype=torch.bfloat16):
         go = _randn(1, HQ, S, D).expand(B, HQ, S, D)
     else:
         go = _randn(B, HQ, S, D)
-    return tuple(t.to(device) if device != "cpu" else t for t in (q, k, v, go))
+    return q, k, v, go
 
 
 # (layout, the operands copied for TMA, or the reason the call is not served)
@@ -164,6 +164,10 @@ PROBE_TENSORS = {
     "expanded heads": lambda: torch.randn(2, 1, 6, 8).expand(2, 4, 6, 8),
     "padded rows": lambda: torch.randn(2, 4, 6, 11)[..., :8],
     "offset view": lambda: torch.randn(200)[3:3 + 2 * 4 * 2 * 8].view(2, 4, 2, 8),
+    "packed qkv view": lambda: torch.randn(2, 6, 3, 4, 8)[:, :, 1].transpose(1, 2),
+    "gqa packed view": lambda: torch.randn(2, 6, 8, 8).split([4, 2, 2], dim=2)[1].transpose(1, 2),
+    "expanded batch": lambda: torch.randn(1, 4, 6, 8).expand(3, 4, 6, 8),
+    "reversed order": lambda: torch.randn(8, 6, 4, 2).permute(3, 2, 1, 0),
     "size-1 dims": lambda: torch.randn(1, 4, 1, 8).transpose(0, 2),
     "3-D bf16": lambda: torch.randn(3, 5, 7).to(torch.bfloat16).transpose(0, 1),
     "float64": lambda: torch.randn(2, 3, dtype=torch.float64).t(),

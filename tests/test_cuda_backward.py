@@ -106,6 +106,8 @@ def stock_backward(q, k, v, dout, is_causal, scale):
 def poison_allocator(*like):
     """Leave NaN-filled blocks of the outputs' sizes in the caching allocator, so that
     torch.empty_like inside the op hands out NaN memory; checks that it does."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # no other free blocks of these sizes left to hand out
     blocks = [torch.full_like(t, float("nan")) for t in like for _ in range(2)]
     del blocks
     probes = [torch.empty_like(t) for t in like]

@@ -119,7 +119,6 @@ def test_preprocess(case, dtype, lse_kind):
     if gqa:
         assert (ws.dk_accum == 0).all() and (ws.dv_accum == 0).all()
         assert ws.dk_accum.shape == (B, Hkv, (Sk + 127) // 128 * 128, D)
-    assert p.num_sms == torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def test_preprocess_on_a_side_stream():

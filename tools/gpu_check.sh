@@ -124,7 +124,10 @@ fi
 # ---- 6. summary ---------------------------------------------------------------------------
 {
   echo "gpu_check summary ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
-  if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+  # GIT_COMMIT: the commit as the caller knows it (a copied tree's .git may be stale)
+  if [ -n "${GIT_COMMIT:-}" ]; then
+    commit="$GIT_COMMIT (as given by the caller)"
+  elif commit=$(git rev-parse --short HEAD 2>/dev/null); then
     git diff --quiet HEAD 2>/dev/null || commit="$commit (+ uncommitted changes)"
   else
     commit="? (not a git checkout)"
