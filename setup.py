@@ -22,6 +22,7 @@ Environment:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -192,6 +193,22 @@ def write_build_config(package_dir: str) -> None:
     gen.write_if_changed(os.path.join(package_dir, "_build_config.py"), text)
 
 
+def source_hash() -> str:
+    """sha256 (16 hex digits) of the C++ / CUDA sources and the generator: part of
+    build_info(), so that the compile pass's cache key changes with the kernels' contract."""
+    h = hashlib.sha256()
+    for top in (CSRC, "registration"):
+        for dirpath, dirnames, filenames in sorted(os.walk(os.path.join(ROOT, top))):
+            dirnames[:] = sorted(d for d in dirnames if d != "instantiations")
+            for name in sorted(filenames):
+                if name.endswith((".h", ".cu", ".cpp", ".py")):
+                    path = os.path.join(dirpath, name)
+                    h.update(os.path.relpath(path, ROOT).encode())
+                    with open(path, "rb") as f:
+                        h.update(f.read())
+    return h.hexdigest()[:16]
+
+
 def _c_string(s: str) -> str:
     return json.dumps(s)  # a valid C string literal for ASCII text
 
@@ -322,6 +339,7 @@ class BuildExt(build_ext):
                                        f"-I{os.path.join(cuda_home, 'include')}",
                                        f"-I{pybind11.get_include()}"] + [f"-I{d}" for d in py_inc])
         write_build_info_header({
+            "SOURCE_HASH": source_hash(),
             "NVCC_VERSION": nvcc_version(nvcc),
             "CUTLASS_VERSION": cutlass_version(cutlass_inc),
             "NVCC_FLAGS": " ".join(NVCC_BASE_FLAGS + extra_nvcc),

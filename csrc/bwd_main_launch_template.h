@@ -77,25 +77,19 @@ void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
   // positive sizes, this variant, TMA-addressable operands and workspaces.
   BwdParams p = params;
   bool const gqa = p.heads_q != p.heads_kv;
-  p.q_row_stride = detail::tma_stride(p.q_row_stride, p.seqlen_q);
-  p.q_head_stride = detail::tma_stride(p.q_head_stride, p.heads_q);
-  p.q_batch_stride = detail::tma_stride(p.q_batch_stride, p.batch);
-  p.dout_row_stride = detail::tma_stride(p.dout_row_stride, p.seqlen_q);
-  p.dout_head_stride = detail::tma_stride(p.dout_head_stride, p.heads_q);
-  p.dout_batch_stride = detail::tma_stride(p.dout_batch_stride, p.batch);
-  p.k_row_stride = detail::tma_stride(p.k_row_stride, p.seqlen_k);
-  p.k_head_stride = detail::tma_stride(p.k_head_stride, p.heads_kv);
-  p.k_batch_stride = detail::tma_stride(p.k_batch_stride, p.batch);
-  p.v_row_stride = detail::tma_stride(p.v_row_stride, p.seqlen_k);
-  p.v_head_stride = detail::tma_stride(p.v_head_stride, p.heads_kv);
-  p.v_batch_stride = detail::tma_stride(p.v_batch_stride, p.batch);
+  auto fix = [](int64_t& batch_stride, int64_t& head_stride, int64_t& row_stride, int batch, int heads,
+                int rows) {
+    batch_stride = detail::tma_stride(batch_stride, batch);
+    head_stride = detail::tma_stride(head_stride, heads);
+    row_stride = detail::tma_stride(row_stride, rows);
+  };
+  fix(p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.batch, p.heads_q, p.seqlen_q);
+  fix(p.dout_batch_stride, p.dout_head_stride, p.dout_row_stride, p.batch, p.heads_q, p.seqlen_q);
+  fix(p.k_batch_stride, p.k_head_stride, p.k_row_stride, p.batch, p.heads_kv, p.seqlen_k);
+  fix(p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.batch, p.heads_kv, p.seqlen_k);
   if (!gqa) {
-    p.dk_row_stride = detail::tma_stride(p.dk_row_stride, p.seqlen_k);
-    p.dk_head_stride = detail::tma_stride(p.dk_head_stride, p.heads_kv);
-    p.dk_batch_stride = detail::tma_stride(p.dk_batch_stride, p.batch);
-    p.dv_row_stride = detail::tma_stride(p.dv_row_stride, p.seqlen_k);
-    p.dv_head_stride = detail::tma_stride(p.dv_head_stride, p.heads_kv);
-    p.dv_batch_stride = detail::tma_stride(p.dv_batch_stride, p.batch);
+    fix(p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride, p.batch, p.heads_kv, p.seqlen_k);
+    fix(p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride, p.batch, p.heads_kv, p.seqlen_k);
   }
 
   // Heads per scheduling section: their Q and dO (and K/V) take about half of the L2.

@@ -319,29 +319,22 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   n.scale_log2 = static_cast<float>(double(scale) * 1.4426950408889634);
   n.is_causal = p.is_causal;
   n.deterministic = p.deterministic;
-  auto strides = [&](int op, int64_t& sb, int64_t& sh, int64_t& sr) {
+  // each operand's address and batch / head / row strides
+  auto set = [&](int op, auto& ptr, auto value, int64_t& sb, int64_t& sh, int64_t& sr) {
+    ptr = value;
     sb = p.layout[op].batch_stride;
     sh = p.layout[op].head_stride;
     sr = p.layout[op].row_stride;
   };
-  n.q = ptrs.q;
-  strides(kQ, n.q_batch_stride, n.q_head_stride, n.q_row_stride);
-  n.k = ptrs.k;
-  strides(kK, n.k_batch_stride, n.k_head_stride, n.k_row_stride);
-  n.v = ptrs.v;
-  strides(kV, n.v_batch_stride, n.v_head_stride, n.v_row_stride);
-  n.out = ptrs.out;
-  strides(kOut, n.out_batch_stride, n.out_head_stride, n.out_row_stride);
-  n.dout = ptrs.dout;
-  strides(kDout, n.dout_batch_stride, n.dout_head_stride, n.dout_row_stride);
-  n.lse = ptrs.lse;
-  strides(kLse, n.lse_batch_stride, n.lse_head_stride, n.lse_row_stride);
-  n.dq = ptrs.dq;
-  strides(kDq, n.dq_batch_stride, n.dq_head_stride, n.dq_row_stride);
-  n.dk = ptrs.dk;
-  strides(kDk, n.dk_batch_stride, n.dk_head_stride, n.dk_row_stride);
-  n.dv = ptrs.dv;
-  strides(kDv, n.dv_batch_stride, n.dv_head_stride, n.dv_row_stride);
+  set(kQ, n.q, ptrs.q, n.q_batch_stride, n.q_head_stride, n.q_row_stride);
+  set(kK, n.k, ptrs.k, n.k_batch_stride, n.k_head_stride, n.k_row_stride);
+  set(kV, n.v, ptrs.v, n.v_batch_stride, n.v_head_stride, n.v_row_stride);
+  set(kOut, n.out, ptrs.out, n.out_batch_stride, n.out_head_stride, n.out_row_stride);
+  set(kDout, n.dout, ptrs.dout, n.dout_batch_stride, n.dout_head_stride, n.dout_row_stride);
+  set(kLse, n.lse, ptrs.lse, n.lse_batch_stride, n.lse_head_stride, n.lse_row_stride);
+  set(kDq, n.dq, ptrs.dq, n.dq_batch_stride, n.dq_head_stride, n.dq_row_stride);
+  set(kDk, n.dk, ptrs.dk, n.dk_batch_stride, n.dk_head_stride, n.dk_row_stride);
+  set(kDv, n.dv, ptrs.dv, n.dv_batch_stride, n.dv_head_stride, n.dv_row_stride);
   const WorkspaceLayout w = workspace_layout(p);
   char* base = static_cast<char*>(ptrs.workspace);
   auto at = [&](int64_t off) { return base == nullptr ? nullptr : reinterpret_cast<float*>(base + off); };

@@ -34,6 +34,9 @@
 #if __has_include("instantiations/build_info.h")
 #include "instantiations/build_info.h"
 #endif
+#ifndef TORCH_SM90_SDPA_SOURCE_HASH
+#define TORCH_SM90_SDPA_SOURCE_HASH "unknown"
+#endif
 #ifndef TORCH_SM90_SDPA_NVCC_VERSION
 #define TORCH_SM90_SDPA_NVCC_VERSION "unknown"
 #endif
@@ -98,6 +101,7 @@ py::dict build_info() {
   d["main_kernel_compiled"] = dev::main_kernel_compiled();
   d["variants"] = variants_list();
   d["arch"] = TORCH_SM90_SDPA_ARCH;
+  d["source_hash"] = TORCH_SM90_SDPA_SOURCE_HASH;  // the C++ / CUDA sources built
   d["nvcc_version"] = TORCH_SM90_SDPA_NVCC_VERSION;
   d["cutlass_version"] = TORCH_SM90_SDPA_CUTLASS_VERSION;
   d["build_flags"] = TORCH_SM90_SDPA_NVCC_FLAGS;

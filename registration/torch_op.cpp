@@ -230,21 +230,17 @@ std::string dtype_str(int32_t code) {
   return cat("dtype code ", code);
 }
 
-std::string shape_str(const TensorInfo& t) {
+// "(a, b, c)" as Python prints a tuple of ints
+std::string tuple_str(const int64_t* v, int64_t n) {
   std::ostringstream s;
   s << "(";
-  for (int64_t i = 0; i < t.dim; ++i) s << (i ? ", " : "") << t.sizes[i];
-  s << (t.dim == 1 ? ",)" : ")");
+  for (int64_t i = 0; i < n; ++i) s << (i ? ", " : "") << v[i];
+  s << (n == 1 ? ",)" : ")");
   return s.str();
 }
 
-std::string strides_str(const TensorInfo& t) {
-  std::ostringstream s;
-  s << "(";
-  for (int64_t i = 0; i < t.dim; ++i) s << (i ? ", " : "") << t.strides[i];
-  s << (t.dim == 1 ? ",)" : ")");
-  return s.str();
-}
+std::string shape_str(const TensorInfo& t) { return tuple_str(t.sizes, t.dim); }
+std::string strides_str(const TensorInfo& t) { return tuple_str(t.strides, t.dim); }
 
 // The strides torch.empty_like gives: a non-overlapping and dense tensor keeps its strides;
 // any other strided tensor (a view of a packed projection, expanded or padded rows) gets dense
