@@ -228,6 +228,8 @@ DTYPES = gen.parse_dtypes(os.environ.get("TORCH_SM90_SDPA_DTYPES"))
 HAVE_TEMPLATE = gen.template_header_exists(os.path.join(ROOT, CSRC))
 MAIN_KERNEL = HAVE_TEMPLATE and bool(HEAD_DIMS) and bool(DTYPES)
 SELECTED = gen.variants(HEAD_DIMS, DTYPES) if MAIN_KERNEL else []
+CSRC_SOURCES = sorted(os.path.join(CSRC, f) for f in os.listdir(os.path.join(ROOT, CSRC))
+                      if f.endswith(".cu"))  # pre/post kernels, mask classification
 REGISTRATION_SOURCES = sorted(os.path.join("registration", f)
                               for f in os.listdir(os.path.join(ROOT, "registration"))
                               if f.endswith(".cpp"))
@@ -310,7 +312,7 @@ class BuildExt(build_ext):
                 "kernels only (no main-kernel variants)")
         inst_sources = gen.generate(os.path.join(ROOT, INST_DIR), HEAD_DIMS, DTYPES, MAIN_KERNEL)
         sources = [os.path.relpath(p, ROOT) for p in inst_sources]
-        sources += [os.path.join(CSRC, "prepost.cu")] + REGISTRATION_SOURCES
+        sources += CSRC_SOURCES + REGISTRATION_SOURCES
         log(f"CUDA toolkit {CUDA_HOME}: building {PKG}._C for {ARCH}; main-kernel variants: "
             + (", ".join(f"{dt}/hdim{d}" for dt, d in SELECTED) or "none"))
         # setuptools would compile in series with its own compiler; we do it ourselves

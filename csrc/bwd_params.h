@@ -10,6 +10,13 @@ namespace sm90_sdpa {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 
+// The element type of an attention mask: boolean (true = attend) or an additive bias
+// (0 = attend, -inf = masked, other values added to the scaled scores).
+enum class MaskKind : int { kNone = 0, kBool = 1, kFloat16 = 2, kBFloat16 = 3, kFloat32 = 4 };
+
+// Classes of the main kernel's (m-block, n-block) tiles under a mask (tile_class below).
+enum TileClass : unsigned char { kTileEmpty = 0, kTilePartial = 1, kTileFull = 2 };
+
 // Rows of the fp32 workspaces are padded to a multiple of this, so every tile of the
 // main kernel (at most 128 rows) reads and writes whole rows, and fp32 rows of the
 // LSE / D vectors are 16-byte aligned for TMA.
@@ -49,6 +56,19 @@ struct BwdParams {
   int64_t dout_batch_stride = 0, dout_head_stride = 0, dout_row_stride = 0;
   const float* lse = nullptr;  // [B, Hq, Sq] natural-log logsumexp of scaled scores
   int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
+
+  // ---- optional mask, as a [B, Hq, Sq, Sk] view (stride 0 on broadcast dims); combined with
+  //      is_causal ----
+  MaskKind mask_kind = MaskKind::kNone;
+  const void* mask = nullptr;
+  int64_t mask_batch_stride = 0, mask_head_stride = 0, mask_row_stride = 0, mask_col_stride = 0;
+  int mask_batch = 1;  // distinct mask instances along B: 1 (broadcast) or B
+  int mask_heads = 1;  // distinct mask instances along Hq: 1 (broadcast) or Hq
+  // Written by the classification kernel: the class of every tile of the main kernel's tile
+  // grid, [mask_batch, mask_heads, num_n_blocks, num_m_blocks] (TileClass). Tiles are
+  // tile_m query rows by tile_n keys (the variant's kBlockM x kBlockN).
+  unsigned char* tile_class = nullptr;
+  int tile_m = 0, tile_n = 0, num_m_blocks = 0, num_n_blocks = 0;
 
   // ---- fp32 workspaces, contiguous, allocated by the caller (no need to zero them) ----
   float* dpsum = nullptr;      // [B, Hq, Sq_rounded]    rowsum(dO * O) per row; 0 in padding

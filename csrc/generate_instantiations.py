@@ -174,6 +174,15 @@ def variants_header(selected: Sequence[Variant], main_kernel: bool) -> str:
     for name, (enum, code) in DTYPES.items():
         lines.append(f"static_assert(static_cast<int>(sm90_sdpa::DType::{enum}) == {code}, "
                      f"\"DType code of {name}\");\n")
+    lines.append("\nnamespace sm90_sdpa {\n"
+                 "// The main kernel's tile (kBlockM query rows x kBlockN keys) of a head dim;\n"
+                 "// 0 for a head dim without a tile configuration.\n")
+    for what, field in (("m", "block_m"), ("n", "block_n")):
+        lines.append(f"constexpr int tile_block_{what}(int head_dim) {{\n  switch (head_dim) {{\n")
+        for d, t in sorted(TILES.items()):
+            lines.append(f"    case {d}: return {getattr(t, field)};\n")
+        lines.append("    default: return 0;\n  }\n}\n")
+    lines.append("}  // namespace sm90_sdpa\n")
     lines += [
         "\n",
         f"#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED {1 if main_kernel and selected else 0}\n",

@@ -11,7 +11,8 @@ namespace sm90_sdpa {
 
 // For every (b, h, row) of the q side, row < seqlen_q_rounded:
 //   row < Sq:  dpsum[b,h,row] = sum_d float(dout[b,h,row,d]) * float(out[b,h,row,d])  (fp32)
-//              lse_log2[b,h,row] = lse[b,h,row] * log2(e)   (lse read through its strides)
+//              lse_log2[b,h,row] = lse[b,h,row] * log2(e)   (lse read through its strides;
+//              +inf where lse = -inf: a row that sees no key)
 //   padding:   dpsum = 0, lse_log2 = +inf
 // and zeroes dq_accum [B, Hq, Sq_rounded, D] entirely; when dk_accum / dv_accum are non-null,
 // zeroes them as well ([B, Hkv, Sk_rounded, D] and [B, Hkv, Sk_rounded, Dv]).

@@ -14,6 +14,7 @@
 #include "bwd_main_launch.h"
 #include "bwd_params.h"
 #include "instantiations/variants.h"
+#include "mask_classify.h"
 #include "prepost.h"
 
 namespace sm90_sdpa {
@@ -34,6 +35,7 @@ const char* const kReasonVariant = "head dim not compiled";
 const char* const kReasonDeterministic = "deterministic algorithms";
 const char* const kReasonLastDim = "last dim not contiguous";
 const char* const kReasonTooLarge = "sizes exceed the kernel's int32 indexing";
+const char* const kReasonMaskDtype = "attn_mask dtype";
 
 namespace {
 
@@ -176,8 +178,8 @@ void prepare_device(BwdParams& p) {
 // ---- names ----------------------------------------------------------------------------------
 
 const char* operand_name(int operand) {
-  static const char* const names[kNumOperands] = {"q",  "k",   "v",  "out", "dout",
-                                                  "lse", "dq", "dk", "dv"};
+  static const char* const names[kNumOperands] = {"q",  "k",  "v",  "out", "dout",
+                                                  "lse", "dq", "dk", "dv", "mask"};
   return (operand >= 0 && operand < kNumOperands) ? names[operand] : "?";
 }
 
@@ -251,8 +253,12 @@ Decision can_implement(const BwdProblem& p) {
   if (p.deterministic) {
     return unsupported(kReasonDeterministic, "the SM90 kernel has no deterministic mode yet");
   }
+  if (p.mask_kind < 0 || p.mask_kind > static_cast<int>(MaskKind::kFloat32)) {
+    return unsupported(kReasonMaskDtype, cat("mask kind code ", p.mask_kind,
+                                             "; served: bool, fp16, bf16, fp32"));
+  }
   for (int op = 0; op < kNumOperands; ++op) {
-    if (op == kLse) continue;  // [B, H, S]: no column mode
+    if (op == kLse || op == kMask) continue;  // lse: [B, H, S]; the mask: plain loads
     const int last = (op == kV || op == kOut || op == kDout || op == kDv) ? p.head_dim_v
                                                                           : p.head_dim;
     if (last > 1 && p.layout[op].col_stride != 1) {
@@ -264,7 +270,9 @@ Decision can_implement(const BwdProblem& p) {
   // dimension (64 keys per block at least).
   const int64_t sq_r = round_up(p.seqlen_q, kSeqRound), sk_r = round_up(p.seqlen_k, kSeqRound);
   const int64_t tiles = round_up(p.seqlen_k, 64) / 64 * int64_t(p.heads_q) * p.batch;
-  if (sq_r > INT_MAX || sk_r > INT_MAX || tiles > INT_MAX) {
+  const bool mask_grid_too_large = p.mask_kind != 0 && (mask_instances_batch(p) > 65535 ||
+                                                        mask_instances_heads(p) > 65535);
+  if (sq_r > INT_MAX || sk_r > INT_MAX || tiles > INT_MAX || mask_grid_too_large) {
     return unsupported(kReasonTooLarge, cat("B = ", p.batch, ", Hq = ", p.heads_q, ", Sq = ",
                                             p.seqlen_q, ", Sk = ", p.seqlen_k));
   }
@@ -299,8 +307,25 @@ WorkspaceLayout workspace_layout(const BwdProblem& p) {
   o += 4 * n_row;
   w.lse_log2 = o;
   o += 4 * n_row;
+  w.tile_class = o;
+  if (p.mask_kind != 0) {
+    const int bm = tile_block_m(p.head_dim), bn = tile_block_n(p.head_dim);
+    if (bm > 0 && bn > 0) {
+      const int64_t tiles = int64_t(mask_instances_batch(p)) * mask_instances_heads(p) *
+                            ((p.seqlen_q + bm - 1) / bm) * ((p.seqlen_k + bn - 1) / bn);
+      o += round_up(tiles, 16);
+    }
+  }
   w.bytes = o;
   return w;
+}
+
+int mask_instances_batch(const BwdProblem& p) {
+  return (p.batch > 1 && p.layout[kMask].batch_stride != 0) ? p.batch : 1;
+}
+
+int mask_instances_heads(const BwdProblem& p) {
+  return (p.heads_q > 1 && p.layout[kMask].head_stride != 0) ? p.heads_q : 1;
 }
 
 BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale) {
@@ -335,6 +360,23 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   set(kDq, n.dq, ptrs.dq, n.dq_batch_stride, n.dq_head_stride, n.dq_row_stride);
   set(kDk, n.dk, ptrs.dk, n.dk_batch_stride, n.dk_head_stride, n.dk_row_stride);
   set(kDv, n.dv, ptrs.dv, n.dv_batch_stride, n.dv_head_stride, n.dv_row_stride);
+  n.mask_kind = static_cast<MaskKind>(p.mask_kind);
+  if (p.mask_kind != 0) {
+    const OperandLayout& m = p.layout[kMask];
+    n.mask = ptrs.mask;
+    n.mask_batch_stride = m.batch_stride;
+    n.mask_head_stride = m.head_stride;
+    n.mask_row_stride = m.row_stride;
+    n.mask_col_stride = m.col_stride;
+    n.mask_batch = mask_instances_batch(p);
+    n.mask_heads = mask_instances_heads(p);
+    n.tile_m = tile_block_m(p.head_dim);
+    n.tile_n = tile_block_n(p.head_dim);
+    if (n.tile_m > 0 && n.tile_n > 0) {
+      n.num_m_blocks = (p.seqlen_q + n.tile_m - 1) / n.tile_m;
+      n.num_n_blocks = (p.seqlen_k + n.tile_n - 1) / n.tile_n;
+    }
+  }
   const WorkspaceLayout w = workspace_layout(p);
   char* base = static_cast<char*>(ptrs.workspace);
   auto at = [&](int64_t off) { return base == nullptr ? nullptr : reinterpret_cast<float*>(base + off); };
@@ -343,6 +385,9 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   n.dv_accum = w.gqa ? at(w.dv_accum) : nullptr;
   n.dpsum = at(w.dpsum);
   n.lse_log2 = at(w.lse_log2);
+  if (p.mask_kind != 0 && base != nullptr) {
+    n.tile_class = reinterpret_cast<unsigned char*>(base + w.tile_class);
+  }
   return n;
 }
 
@@ -410,6 +455,19 @@ void run_postprocess(const BwdParams& params, cudaStream_t stream) {
   check_launch("postprocess kernel");
 }
 
+void run_classification(const BwdParams& params, cudaStream_t stream) {
+  const char* what = "classification";
+  check_sizes(params, what, /*allow_empty=*/true);
+  if (is_empty(params) || params.mask_kind == MaskKind::kNone) return;
+  require_ptr(params.mask, "mask", what);
+  require_ptr(params.tile_class, "tile_class", what);
+  BwdParams p = params;
+  prepare_device(p);
+  cudaGetLastError();
+  run_mask_classify(p, stream);
+  check_launch("mask classification kernel");
+}
+
 void run(const BwdParams& params, cudaStream_t stream) {
   const char* what = "backward";
   const BwdParams& p0 = params;
@@ -432,6 +490,18 @@ void run(const BwdParams& params, cudaStream_t stream) {
   }
   if (p0.deterministic) {
     fail_value(cat(what, ": the SM90 kernel has no deterministic mode yet"));
+  }
+  if (p0.mask_kind != MaskKind::kNone) {
+    require_ptr(p0.mask, "mask", what);
+    require_ptr(p0.tile_class, "tile_class", what);
+    if (p0.tile_m != tile_block_m(p0.head_dim) || p0.tile_n != tile_block_n(p0.head_dim) ||
+        p0.num_m_blocks != (p0.seqlen_q + p0.tile_m - 1) / p0.tile_m ||
+        p0.num_n_blocks != (p0.seqlen_k + p0.tile_n - 1) / p0.tile_n ||
+        (p0.mask_batch != 1 && p0.mask_batch != p0.batch) ||
+        (p0.mask_heads != 1 && p0.mask_heads != p0.heads_q)) {
+      fail_value(cat(what, ": the mask's tile grid or instance counts do not match the problem "
+                     "(fill them with make_params)"));
+    }
   }
   const int B = p0.batch, Hq = p0.heads_q, Hkv = p0.heads_kv, Sq = p0.seqlen_q, Sk = p0.seqlen_k;
   check_tma(p0.q, p0.q_batch_stride, B, p0.q_head_stride, Hq, p0.q_row_stride, Sq, "q", what);
@@ -456,6 +526,10 @@ void run(const BwdParams& params, cudaStream_t stream) {
   cudaGetLastError();
   run_bwd_preprocess(p, stream);
   check_launch("preprocess kernel");
+  if (p.mask_kind != MaskKind::kNone) {
+    run_mask_classify(p, stream);
+    check_launch("mask classification kernel");
+  }
   dispatch_main(p, stream);
   check_launch("main backward kernel");
   // GQA: dq, dk and dv from the accumulators; MHA (dk_accum is null): dq only, the main

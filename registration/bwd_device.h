@@ -27,8 +27,9 @@ namespace sm90_sdpa {
 namespace device {
 
 // The tensors of one backward call, in the order of the op's schema where they appear there.
-enum Operand : int { kQ = 0, kK, kV, kOut, kDout, kLse, kDq, kDk, kDv, kNumOperands };
-const char* operand_name(int operand);  // "q", "k", ... ("dout" for grad_out)
+// kMask: the optional attention mask as a [B, Hq, Sq, Sk] view (stride 0 on broadcast dims).
+enum Operand : int { kQ = 0, kK, kV, kOut, kDout, kLse, kDq, kDk, kDv, kMask, kNumOperands };
+const char* operand_name(int operand);  // "q", "k", ... ("dout" for grad_out, "mask")
 
 // What the contract needs to know of one [B, H, S, X] operand (lse: [B, H, S], col_stride 1).
 // address_align: the largest power of two dividing the data address in bytes, capped at 16
@@ -44,6 +45,7 @@ struct BwdProblem {
   int dtype = -1;  // DType code: 0 fp16, 1 bf16; anything else is not served
   bool is_causal = false;
   bool deterministic = false;
+  int mask_kind = 0;  // MaskKind code: 0 none, 1 bool, 2 fp16, 3 bf16, 4 fp32 (layout[kMask])
   int cc_major = 0, cc_minor = 0;  // compute capability of the device the call runs on
   OperandLayout layout[kNumOperands];
 };
@@ -63,6 +65,7 @@ extern const char* const kReasonVariant;        // "head dim not compiled"
 extern const char* const kReasonDeterministic;  // "deterministic algorithms"
 extern const char* const kReasonLastDim;        // "last dim not contiguous"
 extern const char* const kReasonTooLarge;       // "sizes exceed the kernel's int32 indexing"
+extern const char* const kReasonMaskDtype;      // "attn_mask dtype"
 
 struct Decision {
   Verdict verdict = Verdict::kUnsupported;
@@ -82,14 +85,19 @@ Decision can_implement(const BwdProblem& problem);
 bool tma_addressable(const OperandLayout& layout, int elem_bytes, int batch, int heads,
                      int rows);
 
-// The fp32 workspaces, as byte offsets into one allocation of `bytes` (16-byte aligned):
-//   dq_accum [B, Hq, Sq_rounded, D], dk_accum [B, Hkv, Sk_rounded, D] and dv_accum
-//   [B, Hkv, Sk_rounded, Dv] (GQA only, else size 0), dpsum and lse_log2 [B, Hq, Sq_rounded].
+// The workspaces, as byte offsets into one allocation of `bytes` (16-byte aligned pieces):
+//   fp32 dq_accum [B, Hq, Sq_rounded, D], dk_accum [B, Hkv, Sk_rounded, D] and dv_accum
+//   [B, Hkv, Sk_rounded, Dv] (GQA only, else size 0), dpsum and lse_log2 [B, Hq, Sq_rounded];
+//   with a mask, the tile classes (bytes) [mask_batch, mask_heads, n_blocks, m_blocks].
 struct WorkspaceLayout {
-  int64_t dq_accum = 0, dk_accum = 0, dv_accum = 0, dpsum = 0, lse_log2 = 0;
+  int64_t dq_accum = 0, dk_accum = 0, dv_accum = 0, dpsum = 0, lse_log2 = 0, tile_class = 0;
   int64_t bytes = 0;
   bool gqa = false;
 };
+
+// With a mask: the distinct mask instances along B and Hq (1 where the view broadcasts).
+int mask_instances_batch(const BwdProblem& problem);
+int mask_instances_heads(const BwdProblem& problem);
 WorkspaceLayout workspace_layout(const BwdProblem& problem);
 
 // Data addresses of the operands (after any copies) and of the workspace allocation.
@@ -103,6 +111,7 @@ struct BwdPointers {
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
+  const void* mask = nullptr;
   void* workspace = nullptr;
 };
 
@@ -110,14 +119,17 @@ struct BwdPointers {
 // `ptrs` (the copies' layouts where operands were copied).
 BwdParams make_params(const BwdProblem& problem, const BwdPointers& ptrs, float scale);
 
-// Preprocess, main kernel and postprocess on `stream`, on the current CUDA device. Checks what
+// Preprocess, (with a mask) the tile classification, main kernel and postprocess on `stream`,
+// on the current CUDA device. Checks what
 // protects memory (non-null pointers, positive sizes, the compiled variant, TMA-addressable
 // operands) and throws std::invalid_argument / std::runtime_error otherwise.
 void run(const BwdParams& params, cudaStream_t stream);
 
-// Parts of run(), for tests of the pre/post kernels. Empty problems launch nothing.
+// Parts of run(), for tests of the pre/post kernels and of the mask classification. Empty
+// problems launch nothing.
 void run_preprocess(const BwdParams& params, cudaStream_t stream);
 void run_postprocess(const BwdParams& params, cudaStream_t stream);
+void run_classification(const BwdParams& params, cudaStream_t stream);
 
 // Facts of the current CUDA device, read once per device.
 struct DeviceFacts {

@@ -10,9 +10,10 @@
 //                                                     "unsupported"), .copy (operand names),
 //                                                     .reason, .detail
 //   _C.workspace_layout(problem) -> WorkspaceLayout   byte offsets and size of the fp32 workspace
-//   _C.BwdPointers(q=, k=, ..., workspace=)           data addresses (ints)
+//   _C.BwdPointers(q=, k=, ..., mask=, workspace=)     data addresses (ints)
 //   _C.make_params(problem, pointers, scale) -> BwdParams
-//   _C.run(params, stream) / _C.preprocess(params, stream) / _C.postprocess(params, stream)
+//   _C.run(params, stream) / _C.preprocess(params, stream) / _C.postprocess(params, stream) /
+//   _C.classify(params, stream)
 //   _C.register_torch_ops(libtorch_cpu, libtorch_cuda, cuda_kernel, probe) -> "" or why not
 //   _C.cuda_kernel_registered(), _C.cuda_calls()
 //   _C.has_variant(head_dim, dtype_code), _C.compiled_variants(), _C.build_info()
@@ -223,6 +224,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("dtype", &dev::BwdProblem::dtype)
       .def_readwrite("is_causal", &dev::BwdProblem::is_causal)
       .def_readwrite("deterministic", &dev::BwdProblem::deterministic)
+      .def_readwrite("mask_kind", &dev::BwdProblem::mask_kind)
       .def_readwrite("cc_major", &dev::BwdProblem::cc_major)
       .def_readwrite("cc_minor", &dev::BwdProblem::cc_minor);
   bind_operand<dev::kQ>(problem, "q");
@@ -234,6 +236,7 @@ PYBIND11_MODULE(_C, m) {
   bind_operand<dev::kDq>(problem, "dq");
   bind_operand<dev::kDk>(problem, "dk");
   bind_operand<dev::kDv>(problem, "dv");
+  bind_operand<dev::kMask>(problem, "mask");
 
   py::class_<dev::Decision>(m, "Decision")
       .def_property_readonly("verdict", [](const dev::Decision& d) { return verdict_name(d.verdict); })
@@ -265,6 +268,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("dv_accum", &dev::WorkspaceLayout::dv_accum)
       .def_readonly("dpsum", &dev::WorkspaceLayout::dpsum)
       .def_readonly("lse_log2", &dev::WorkspaceLayout::lse_log2)
+      .def_readonly("tile_class", &dev::WorkspaceLayout::tile_class)
       .def_readonly("bytes", &dev::WorkspaceLayout::bytes)
       .def_readonly("gqa", &dev::WorkspaceLayout::gqa);
   m.def("workspace_layout", &dev::workspace_layout, py::arg("problem"));
@@ -272,7 +276,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<dev::BwdPointers>(m, "BwdPointers")
       .def(py::init([](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t out,
                        std::uintptr_t dout, std::uintptr_t lse, std::uintptr_t dq,
-                       std::uintptr_t dk, std::uintptr_t dv, std::uintptr_t workspace) {
+                       std::uintptr_t dk, std::uintptr_t dv, std::uintptr_t mask,
+                       std::uintptr_t workspace) {
              dev::BwdPointers p;
              p.q = reinterpret_cast<const void*>(q);
              p.k = reinterpret_cast<const void*>(k);
@@ -283,12 +288,13 @@ PYBIND11_MODULE(_C, m) {
              p.dq = reinterpret_cast<void*>(dq);
              p.dk = reinterpret_cast<void*>(dk);
              p.dv = reinterpret_cast<void*>(dv);
+             p.mask = reinterpret_cast<const void*>(mask);
              p.workspace = reinterpret_cast<void*>(workspace);
              return p;
            }),
            py::kw_only(), py::arg("q") = 0, py::arg("k") = 0, py::arg("v") = 0,
            py::arg("out") = 0, py::arg("dout") = 0, py::arg("lse") = 0, py::arg("dq") = 0,
-           py::arg("dk") = 0, py::arg("dv") = 0, py::arg("workspace") = 0);
+           py::arg("dk") = 0, py::arg("dv") = 0, py::arg("mask") = 0, py::arg("workspace") = 0);
   m.def("make_params", &dev::make_params, py::arg("problem"), py::arg("pointers"),
         py::arg("scale"), "The kernels' BwdParams of a problem, its tensors and its workspace.");
 
@@ -311,7 +317,14 @@ PYBIND11_MODULE(_C, m) {
       PTR_FIELD(dk_accum, float*) PTR_FIELD(dv_accum, float*)
       // outputs
       TENSOR_FIELDS(dq, void*) TENSOR_FIELDS(dk, void*) TENSOR_FIELDS(dv, void*)
-      FIELD(num_sms) FIELD(l2_bytes);
+      FIELD(num_sms) FIELD(l2_bytes)
+      // mask (read-only here: make_params fills them consistently)
+      .def_property_readonly("mask_kind", [](const BwdParams& p) { return static_cast<int>(p.mask_kind); })
+      .def_property_readonly("tile_class", [](const BwdParams& p) { return ptr_to_int(p.tile_class); })
+      .def_readonly("mask_batch", &BwdParams::mask_batch)
+      .def_readonly("mask_heads", &BwdParams::mask_heads)
+      .def_readonly("num_m_blocks", &BwdParams::num_m_blocks)
+      .def_readonly("num_n_blocks", &BwdParams::num_n_blocks);
 
   m.def(
       "preprocess",
@@ -331,6 +344,14 @@ PYBIND11_MODULE(_C, m) {
       py::arg("params"), py::arg("stream"),
       "dq = scale * dq_accum in the output dtype and strides; when dk_accum is set also "
       "dk = scale * dk_accum and dv = dv_accum.");
+  m.def(
+      "classify",
+      [](const BwdParams& p, std::uintptr_t stream) {
+        py::gil_scoped_release nogil;
+        dev::run_classification(p, to_stream(stream));
+      },
+      py::arg("params"), py::arg("stream"),
+      "The mask's tile classes (0 empty, 1 partial, 2 full) into params.tile_class.");
   m.def(
       "run",
       [](const BwdParams& p, std::uintptr_t stream) {

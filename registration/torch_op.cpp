@@ -48,6 +48,7 @@ struct Shim {
   int32_t (*dtype_float32)();
   int32_t (*dtype_float64)();
   int32_t (*dtype_int64)();
+  int32_t (*dtype_bool)();
   AOTITorchError (*get_data_ptr)(AtenTensorHandle, void**);
   AOTITorchError (*get_dim)(AtenTensorHandle, int64_t*);
   AOTITorchError (*get_sizes)(AtenTensorHandle, int64_t**);
@@ -66,7 +67,7 @@ struct Shim {
   // from libtorch_cuda (null for a CPU-only torch)
   AOTITorchError (*get_current_cuda_stream)(int32_t, void**);
   // dtype / device codes, read once
-  int32_t cuda = -1, cpu = -1, f16 = -1, bf16 = -1, f32 = -1, f64 = -1, i64 = -1;
+  int32_t cuda = -1, cpu = -1, f16 = -1, bf16 = -1, f32 = -1, f64 = -1, i64 = -1, b8 = -1;
 };
 
 Shim g_shim;
@@ -118,6 +119,7 @@ void load_shim(const std::string& cpu_lib, const std::string& cuda_lib) {
   find(cpu, "aoti_torch_dtype_float32", s.dtype_float32, missing);
   find(cpu, "aoti_torch_dtype_float64", s.dtype_float64, missing);
   find(cpu, "aoti_torch_dtype_int64", s.dtype_int64, missing);
+  find(cpu, "aoti_torch_dtype_bool", s.dtype_bool, missing);
   find(cpu, "aoti_torch_get_data_ptr", s.get_data_ptr, missing);
   find(cpu, "aoti_torch_get_dim", s.get_dim, missing);
   find(cpu, "aoti_torch_get_sizes", s.get_sizes, missing);
@@ -143,6 +145,7 @@ void load_shim(const std::string& cpu_lib, const std::string& cuda_lib) {
   s.f32 = s.dtype_float32();
   s.f64 = s.dtype_float64();
   s.i64 = s.dtype_int64();
+  s.b8 = s.dtype_bool();
   g_shim = s;
   g_loaded = true;
 }
@@ -162,6 +165,16 @@ StableIValue to_stack(T v) {
   StableIValue out = 0;
   std::memcpy(&out, &v, sizeof(T));
   return out;
+}
+
+// A `Tensor?` argument (torch 2.9 encoding: null for None, else a heap-allocated StableIValue
+// holding the tensor handle, which the kernel owns and frees).
+AtenTensorHandle optional_tensor(StableIValue v) {
+  StableIValue* boxed = from_stack<StableIValue*>(v);
+  if (boxed == nullptr) return nullptr;
+  AtenTensorHandle h = from_stack<AtenTensorHandle>(*boxed);
+  delete boxed;
+  return h;
 }
 
 // An owned tensor handle: deleted when it goes out of scope unless released to the stack.
@@ -227,6 +240,7 @@ std::string dtype_str(int32_t code) {
   if (code == s.bf16) return "torch.bfloat16";
   if (code == s.f32) return "torch.float32";
   if (code == s.f64) return "torch.float64";
+  if (code == s.b8) return "torch.bool";
   return cat("dtype code ", code);
 }
 
@@ -408,6 +422,44 @@ void check_args(const TensorInfo& go, const TensorInfo& q, const TensorInfo& k,
   }
 }
 
+// The mask as a [B, Hq, Sq, Sk] view: its dims right-aligned to those, each 1 (broadcast,
+// stride 0) or equal. Returns the MaskKind code.
+int check_mask(const TensorInfo& m, const TensorInfo& q, const TensorInfo& k,
+               device::OperandLayout& layout) {
+  const Shim& s = g_shim;
+  if (m.device_type != q.device_type || m.device_index != q.device_index) {
+    fail(cat("attn_mask: expected a tensor on the device of query (cuda:", q.device_index, ")"));
+  }
+  const int kind = m.dtype == s.b8 ? 1 : m.dtype == s.f16 ? 2 : m.dtype == s.bf16 ? 3
+                   : m.dtype == s.f32 ? 4 : 0;
+  if (kind == 0) {
+    fail(cat("attn_mask: expected dtype torch.bool (True = attend) or an additive float mask "
+             "(torch.float32, torch.float16, torch.bfloat16), got ", dtype_str(m.dtype)));
+  }
+  const int64_t target[4] = {q.sizes[0], q.sizes[1], q.sizes[2], k.sizes[2]};
+  if (m.dim > 4) {
+    fail(cat("attn_mask: expected at most 4 dims, broadcastable to [B, Hq, Sq, Sk] = ",
+             tuple_str(target, 4), ", got shape ", shape_str(m)));
+  }
+  int64_t strides[4] = {0, 0, 0, 0};
+  for (int i = 0; i < 4; ++i) {
+    const int64_t d = int64_t(i) - (4 - m.dim);  // the mask's dim aligned to target dim i
+    if (d < 0) continue;
+    if (m.sizes[d] == target[i]) {
+      strides[i] = target[i] == 1 ? 0 : m.strides[d];
+    } else if (m.sizes[d] != 1) {
+      fail(cat("attn_mask: expected a shape broadcastable to [B, Hq, Sq, Sk] = ",
+               tuple_str(target, 4), ", got shape ", shape_str(m)));
+    }
+  }
+  layout.batch_stride = strides[0];
+  layout.head_stride = strides[1];
+  layout.row_stride = strides[2];
+  layout.col_stride = strides[3];
+  layout.address_align = address_align(m.data);
+  return kind;
+}
+
 // ---- the kernel -------------------------------------------------------------------------------
 
 class DeviceScope {  // the tensors' device current in this CUDA runtime, restored on exit
@@ -435,12 +487,14 @@ class DeviceScope {  // the tensors' device current in this CUDA runtime, restor
 };
 
 // sdpa_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-//               bool is_causal, float scale, bool deterministic) -> (Tensor, Tensor, Tensor)
+//               bool is_causal, float scale, bool deterministic, Tensor? attn_mask=None)
+//   -> (Tensor, Tensor, Tensor)
 void sdpa_backward_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
-  if (num_args != 9 || num_outputs != 3) {
-    fail(cat("torch_sm90_sdpa::sdpa_backward: the registered kernel expects 9 arguments and 3 "
+  if (num_args != 10 || num_outputs != 3) {
+    fail(cat("torch_sm90_sdpa::sdpa_backward: the registered kernel expects 10 arguments and 3 "
              "results, got ", num_args, " and ", num_outputs));
   }
+  Owned h_mask(optional_tensor(stack[9]));
   Owned h_go(from_stack<AtenTensorHandle>(stack[0])), h_q(from_stack<AtenTensorHandle>(stack[1])),
       h_k(from_stack<AtenTensorHandle>(stack[2])), h_v(from_stack<AtenTensorHandle>(stack[3])),
       h_out(from_stack<AtenTensorHandle>(stack[4])), h_lse(from_stack<AtenTensorHandle>(stack[5]));
@@ -452,6 +506,13 @@ void sdpa_backward_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_out
              k = read(h_k.get(), "key"), v = read(h_v.get(), "value"),
              out = read(h_out.get(), "out"), lse = read(h_lse.get(), "lse");
   check_args(go, q, k, v, out, lse, scale);
+  TensorInfo mask;
+  device::OperandLayout mask_layout;
+  int mask_kind = 0;
+  if (h_mask.get() != nullptr) {
+    mask = read(h_mask.get(), "attn_mask");
+    mask_kind = check_mask(mask, q, k, mask_layout);
+  }
 
   device::BwdProblem p;
   p.batch = int(q.sizes[0]);
@@ -464,6 +525,8 @@ void sdpa_backward_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_out
   p.dtype = q.dtype == g_shim.f16 ? 0 : 1;
   p.is_causal = is_causal;
   p.deterministic = deterministic;
+  p.mask_kind = mask_kind;
+  p.layout[device::kMask] = mask_layout;
   DeviceScope scope(q.device_index);
   const device::DeviceFacts& facts = device::current_device_facts();
   p.cc_major = facts.cc_major;
@@ -507,6 +570,7 @@ void sdpa_backward_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_out
     }
     ptrs.out = out.data;
     ptrs.lse = static_cast<const float*>(lse.data);
+    ptrs.mask = mask_kind != 0 ? mask.data : nullptr;
     ptrs.dq = dq_i.data;
     ptrs.dk = dk_i.data;
     ptrs.dv = dv_i.data;
@@ -531,18 +595,21 @@ void sdpa_backward_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_out
   stack[2] = to_stack(dv.release());
 }
 
-// _stable_abi_probe(Tensor t, bool flag, float x) -> (Tensor, Tensor): on CPU, for tests of this
-// file's plumbing without a GPU. Returns (info, like): info is int64 [3 + 2 * dim + 2] =
-// [dim, dtype is float16/bfloat16/float32/float64 (0..3, else -1), flag, sizes..., strides...,
-// round(x * 1000), the byte alignment of t's address], and like = empty_like(t) as this file
-// computes it.
+// _stable_abi_probe(Tensor t, bool flag, float x, Tensor? maybe=None) -> (Tensor, Tensor): on
+// CPU, for tests of this file's plumbing without a GPU. Returns (info, like): info is int64
+// [3 + 2 * dim + 3] = [dim, dtype is float16/bfloat16/float32/float64/bool (0..4, else -1), flag,
+// sizes..., strides..., round(x * 1000), the byte alignment of t's address, maybe's dim or -1
+// for None], and like = empty_like(t) as this file computes it.
 void stable_abi_probe(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
-  if (num_args != 3 || num_outputs != 2) fail("_stable_abi_probe: bad arity");
+  if (num_args != 4 || num_outputs != 2) fail("_stable_abi_probe: bad arity");
   Owned h(from_stack<AtenTensorHandle>(stack[0]));
   const bool flag = from_stack<bool>(stack[1]);
   const double x = from_stack<double>(stack[2]);
+  Owned maybe(optional_tensor(stack[3]));
   TensorInfo t = read(h.get(), "t");
-  const int64_t n = 3 + 2 * t.dim + 2, one = 1;
+  int64_t maybe_dim = -1;
+  if (maybe.get() != nullptr) check(g_shim.get_dim(maybe.get(), &maybe_dim), "aoti_torch_get_dim");
+  const int64_t n = 3 + 2 * t.dim + 3, one = 1;
   AtenTensorHandle info_h = nullptr;
   check(g_shim.empty_strided(1, &n, &one, g_shim.i64, g_shim.cpu, 0, &info_h),
         "aoti_torch_empty_strided");
@@ -552,7 +619,8 @@ void stable_abi_probe(StableIValue* stack, uint64_t num_args, uint64_t num_outpu
   int64_t* o = static_cast<int64_t*>(raw);
   const Shim& s = g_shim;
   o[0] = t.dim;
-  o[1] = t.dtype == s.f16 ? 0 : t.dtype == s.bf16 ? 1 : t.dtype == s.f32 ? 2 : t.dtype == s.f64 ? 3 : -1;
+  o[1] = t.dtype == s.f16 ? 0 : t.dtype == s.bf16 ? 1 : t.dtype == s.f32 ? 2 : t.dtype == s.f64 ? 3
+        : t.dtype == s.b8 ? 4 : -1;
   o[2] = flag ? 1 : 0;
   for (int64_t i = 0; i < t.dim; ++i) {
     o[3 + i] = t.sizes[i];
@@ -560,6 +628,7 @@ void stable_abi_probe(StableIValue* stack, uint64_t num_args, uint64_t num_outpu
   }
   o[3 + 2 * t.dim] = static_cast<int64_t>(std::llround(x * 1000.0));
   o[4 + 2 * t.dim] = address_align(t.data);
+  o[5 + 2 * t.dim] = maybe_dim;
   Owned like = empty_like(t);
   stack[0] = to_stack(info.release());
   stack[1] = to_stack(like.release());

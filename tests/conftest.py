@@ -65,3 +65,65 @@ requires_sm90 = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
     reason="needs an SM90 (Hopper) GPU",
 )
+
+
+# ---- attention masks: [Sq, Sk] patterns, True = attend -------------------------------------
+
+def causal_bool(sq, sk, device="cpu"):
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
+
+
+def sliding_window(sq, sk, window, device="cpu"):
+    """Causal, and each query sees only the last `window` keys (Mistral style)."""
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    return (j <= i) & (j > i - window)
+
+
+def documents(lengths, device="cpu"):
+    """Block-diagonal causal mask of packed documents of these lengths."""
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                  torch.tensor(lengths, device=device))
+    s = doc.numel()
+    return (doc[:, None] == doc[None, :]) & causal_bool(s, s, device)
+
+
+def padding(batch, sq, sk, valid_k, left=False, causal=True, device="cpu"):
+    """[B, 1, Sq, Sk]: keys beyond each row's valid length masked (right padding; with
+    left=True the first Sk - valid keys are), combined with causal."""
+    j = torch.arange(sk, device=device)
+    masks = []
+    for n in valid_k:
+        keep = (j >= sk - n) if left else (j < n)
+        m = keep[None, :].expand(sq, sk)
+        if causal:
+            m = m & causal_bool(sq, sk, device)
+        masks.append(m)
+    return torch.stack(masks)[:, None]
+
+
+def as_bias(mask, dtype):
+    """A bool mask as an additive mask of `dtype` (0 attend, -inf masked)."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+        ~mask, float("-inf"))
+
+
+def reference_grads_fp64_masked(q, k, v, grad_out, attn_mask, is_causal, scale):
+    """(out, dq, dk, dv) in float64 from autograd of stock SDPA with the mask (and the causal
+    cut folded into it: stock SDPA takes one or the other)."""
+    q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+    mask = attn_mask
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(torch.float64)
+    if is_causal:
+        tril = causal_bool(q.size(2), k.size(2), q.device)
+        if mask is None:
+            mask = tril
+        elif mask.dtype == torch.bool:
+            mask = mask & tril
+        else:
+            mask = mask.masked_fill(~tril, float("-inf"))
+    out = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=mask, scale=scale,
+                                         enable_gqa=q.size(1) != k.size(1))
+    dq, dk, dv = torch.autograd.grad(out, (q64, k64, v64), grad_out.to(torch.float64))
+    return out.detach(), dq, dk, dv

@@ -148,25 +148,39 @@ torch_sm90_sdpa::sdpa_backward x3""")
         self.assertEqual(stats["not_routed"], {})
         self.assertEqual(self.fx_cache(), (2, 0, 0))
 
-    def test_ineligible_calls_keep_the_stock_op(self):
+    def test_masked_calls_are_routed_with_their_mask(self):
+        """A padding + causal bool mask (SDPA's CPU kernel gets it as a float bias), an additive
+        key-padding bias [B, 1, 1, Sk], and an unmasked causal call: all three backward nodes
+        become our op, the masked ones with the mask; gradients equal stock's. (Dropout takes
+        SDPA's math path on CPU: no fused node to route.)"""
         class Net(nn.Module):
-            def forward(self, q, k, v, mask):
-                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # a mask: stock
-                b = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3)  # CPU: math path
-                c = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # routed
-                return a + b + c
+            def forward(self, q, k, v, mask, bias):
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                b = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+                c = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return a + 2 * b + 3 * c
 
         torch.manual_seed(1)
-        q, k, v = (torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(3))
-        mask = torch.randn(16, 16)
+        q, k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(3))
+        mask = torch.ones(16, 16, dtype=torch.bool).tril()[None, None].repeat(2, 1, 1, 1)
+        mask[1, :, :, 11:] = False  # the second sequence is padded after 11 tokens
+        bias = torch.zeros(2, 1, 1, 16)
+        bias[0, ..., :3] = float("-inf")  # left padding of the first sequence
+        bias[1] = torch.randn(16) * 0.1  # and a small additive term
         torch_sm90_sdpa.enable(cpu=True)
         compiled = torch.compile(Net())
-        compiled(q, k, v, mask).sum().backward()
+        compiled(q, k, v, mask, bias).sum().backward()
         self.assertExpectedInline(backward_graph_ops(self.recorder), """\
-torch_sm90_sdpa.sdpa_backward, aten._scaled_dot_product_flash_attention_for_cpu_backward""")
+torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward""")
         stats = torch_sm90_sdpa.routing_stats()
-        self.assertEqual(stats["routed_nodes"], {"cpu_flash": 1})
-        self.assertEqual(stats["not_routed"], {policy.R_MASK: 1})
+        self.assertEqual(stats["routed_nodes"], {"cpu_flash": 3})
+        self.assertEqual(stats["not_routed"], {})
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        Net()(q, k, v, mask, bias).sum().backward()
+        for g, t in zip(grads, (q, k, v)):
+            torch.testing.assert_close(g, t.grad, rtol=1e-4, atol=1e-5)
 
     def test_dynamic_sequence_length(self):
         torch.manual_seed(2)
@@ -478,7 +492,7 @@ def _fake_sm90(test):
 
 def trace_backward(backend, b=2, hq=4, hkv=4, sq=17, sk=17, d=D, dtype=torch.bfloat16,
                    causal=True, dropout=0.0, bias=False, layout="bshd", scale=None,
-                   shape_env=None):
+                   shape_env=None, bias_grad=False):
     """An FX graph (fake CUDA tensors in node.meta['val']) of a stock forward + backward op,
     as a post-grad graph holds them. Returns (graph module, fake mode)."""
     mode = FakeTensorMode(shape_env=shape_env)
@@ -492,9 +506,10 @@ def trace_backward(backend, b=2, hq=4, hkv=4, sq=17, sk=17, d=D, dtype=torch.bfl
     q, k, v = make(hq, sq), make(hkv, sk), make(hkv, sk)
     go = make(hq, sq)
     attn_bias = None
-    if bias:
+    if bias:  # as SDPA hands a [B, 1, Sq, Sk] mask to the ops: expanded over the heads
         with mode:
-            attn_bias = torch.empty(b, hq, sq, sk, dtype=dtype, device="cuda")
+            attn_bias = torch.empty(b, 1, sq, sk, dtype=dtype, device="cuda").expand(
+                b, hq, sq, sk)
 
     def fn(q, k, v, go, attn_bias):
         if backend == "cudnn":
@@ -512,7 +527,7 @@ def trace_backward(backend, b=2, hq=4, hkv=4, sq=17, sk=17, d=D, dtype=torch.bfl
             q, k, v, attn_bias, True, dropout, causal, scale=scale)
         return aten._scaled_dot_product_efficient_attention_backward(
             go, q, k, v, attn_bias, o, lse, seed, off, dropout,
-            [True, True, True, attn_bias is not None], causal, scale=scale)
+            [True, True, True, bias_grad], causal, scale=scale)
 
     with mode:
         gm = make_fx(fn)(q, k, v, go, attn_bias)
@@ -626,8 +641,8 @@ aten.permute""")
     def test_ineligible(self):
         cases = {
             "dropout": dict(backend="flash", dropout=0.1),
-            "attn_bias": dict(backend="efficient", bias=True),
-            "cudnn bias": dict(backend="cudnn", bias=True),
+            "efficient bias with its gradient": dict(backend="efficient", bias=True,
+                                                     bias_grad=True),
             "head dim not compiled": dict(backend="cudnn", d=UNCOMPILED_D),
             "fp32": dict(backend="efficient", dtype=torch.float32),
             "flash causal Sq != Sk": dict(backend="flash", sq=16, sk=32, causal=True),
@@ -640,8 +655,7 @@ aten.permute""")
             self.assertEqual(graph_ops(gm), before, name)  # untouched
         self.assertExpectedInline("\n".join(f"{k}: {v}" for k, v in got.items()), """\
 dropout: dropout_p > 0
-attn_bias: attn_mask / attn_bias
-cudnn bias: attn_mask / attn_bias
+efficient bias with its gradient: attn_mask needs a gradient
 head dim not compiled: head dim not compiled
 fp32: dtype
 flash causal Sq != Sk: causal with Sq != Sk (flash aligns bottom-right)""")
@@ -651,6 +665,21 @@ flash causal Sq != Sk: causal with Sq != Sk (flash aligns bottom-right)""")
         with mock.patch.object(policy, "device_capability", lambda dev: (8, 0)):
             gm, _ = trace_backward("cudnn")
             self.assertEqual(self.rewrite(gm), [("cudnn", policy.R_NOT_SM90)])
+
+    def test_masked_nodes_are_routed_with_their_bias(self):
+        """cuDNN and memory-efficient nodes with SDPA's additive bias ([B, 1, Sq, Sk] expanded
+        over the heads): our op gets the bias as its attn_mask."""
+        for backend in ("cudnn", "efficient"):
+            gm, _ = trace_backward(backend, bias=True, hq=8, hkv=8 if backend == "efficient" else 2)
+            self.assertEqual(self.rewrite(gm), [(backend, "routed")])
+            (node,) = [n for n in gm.graph.nodes if n.target is compile_pass.OUR_OP]
+            mask = node.args[9]
+            self.assertEqual(tuple(mask.meta["val"].shape), (2, 8, 17, 17))
+            self.assertEqual(mask.meta["val"].stride()[1], 0)
+        self.assertExpectedInline(graph_ops(gm), """\
+aten._scaled_dot_product_efficient_attention
+aten.slice.Tensor
+torch_sm90_sdpa.sdpa_backward""")
 
     def test_deterministic(self):
         gm, _ = trace_backward("flash")
@@ -705,7 +734,12 @@ class TestPolicy(unittest.TestCase):
             (self.call(dtype=torch.float32), policy.R_DTYPE),
             (self.call(device="cpu"), policy.R_DEVICE),
             (self.call(dropout_p=0.5), policy.R_DROPOUT),
-            (self.call(has_mask=True), policy.R_MASK),
+            (self.call(mask=policy.TensorSpec((2, 1, 33, 33), torch.int32, "cuda:0")),
+             policy.R_MASK),
+            (self.call(mask=policy.TensorSpec((2, 3, 33, 33), torch.bool, "cuda:0")),
+             policy.R_MASK),
+            (self.call(mask=policy.TensorSpec((2, 1, 33, 33), torch.bool, "cuda:0"),
+                       mask_needs_grad=True), policy.R_MASK_GRAD),
             (self.call(nested=True), policy.R_NESTED),
             (self.call(deterministic=True), policy.R_DETERMINISTIC),
             (self.call(grad_out=col_major), policy.R_LAST_DIM),

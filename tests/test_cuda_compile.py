@@ -249,8 +249,8 @@ def test_transformers_llama_is_causal(compile_env, monkeypatch):
 
     While Dynamo traces, transformers materializes the causal mask
     (masking_utils._ignore_causal_mask_sdpa returns False when tracing), so its SDPA calls
-    carry an attn_mask and are not routed (test_transformers_llama_default_mask). Without
-    padding the mask is exactly is_causal=True: patch the check so SDPA gets is_causal."""
+    carry an attn_mask (routed with it: test_transformers_llama_default_mask). Without padding
+    the mask is exactly is_causal=True: patch the check so SDPA gets is_causal."""
     transformers = pytest.importorskip("transformers")
     from transformers import masking_utils
 
@@ -275,23 +275,69 @@ def test_transformers_llama_is_causal(compile_env, monkeypatch):
     check_against_stock(losses, grads, ref_losses, ref_grads)
 
 
-def test_transformers_llama_default_mask(compile_env):
-    """Unpatched transformers: its SDPA calls carry the attn_mask it materializes under
-    tracing; they are not routed (kept on the stock backward, counted with that reason), and
-    training matches stock."""
-    transformers = pytest.importorskip("transformers")
+def _train_lm_masked(m, ids, attention_mask, steps):
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    losses, first = [], None
+    labels = ids.masked_fill(attention_mask == 0, -100) if attention_mask is not None else ids
+    for i in range(steps):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = m(input_ids=ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        losses.append(loss.detach().float().item())
+        if i == 0:
+            first = grads_of(m)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return losses, first
+
+
+def _masked_model_routes(compile_env, model, ids, attention_mask, steps=2):
+    """Unpatched transformers: its SDPA calls carry the mask it materializes under tracing;
+    the backward nodes (cuDNN's, with the mask as an additive bias) are routed to our op with
+    that mask; losses and gradients match uncompiled stock."""
     recorder = compile_env
-    model = _llama(transformers, seed=3)
     stock = copy.deepcopy(model)
-    ids = _ids(model.config.vocab_size, seed=3)
-    ref_losses, ref_grads = _train_lm(stock, ids, 2)
-    with torch_sm90_sdpa.enable(only_faster=False):
-        losses, grads = _train_lm(torch.compile(model), ids, 2)
+    ref_losses, ref_grads = _train_lm_masked(stock, ids, attention_mask, steps)
+    with torch_sm90_sdpa.enable():  # the default: masked calls pass the speed gate
+        losses, grads = _train_lm_masked(torch.compile(model), ids, attention_mask, steps)
     ops = backward_ops(recorder)
     stats = torch_sm90_sdpa.routing_stats()
-    print(f"transformers {transformers.__version__}: backward ops {ops}; {stats}")
-    kept = [op for op in ops if op in STOCK_BACKWARD]
-    assert len(kept) >= model.config.num_hidden_layers and OURS not in ops, (ops, stats)
-    assert stats["not_routed"] == {"attn_mask / attn_bias": len(kept)}, stats
-    assert stats["routed_calls"] == 0, stats
+    assert ops.count(OURS) >= model.config.num_hidden_layers, (ops, stats)
+    assert not [op for op in ops if op in STOCK_BACKWARD], (ops, stats)
+    assert stats["not_routed"] == {} and stats["routed_calls"] >= steps, stats
     check_against_stock(losses, grads, ref_losses, ref_grads)
+
+
+def test_transformers_llama_default_mask(compile_env):
+    """A Llama (GQA) with no attention_mask: transformers builds a causal mask under tracing."""
+    transformers = pytest.importorskip("transformers")
+    model = _llama(transformers, seed=3)
+    _masked_model_routes(compile_env, model, _ids(model.config.vocab_size, seed=3), None)
+
+
+def test_transformers_llama_padded_batch(compile_env):
+    """A padded batch: the second sequence is right-padded (attention_mask zeros)."""
+    transformers = pytest.importorskip("transformers")
+    model = _llama(transformers, seed=4)
+    ids = _ids(model.config.vocab_size, seed=4)
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, 190:] = 0
+    _masked_model_routes(compile_env, model, ids, attention_mask)
+
+
+def test_transformers_sliding_window(compile_env):
+    """A Mistral-style config with a sliding window shorter than the sequence."""
+    transformers = pytest.importorskip("transformers")
+    heads, kv_heads = 4, 2
+    kwargs = dict(vocab_size=1000, hidden_size=heads * HEAD_DIM,
+                  intermediate_size=2 * heads * HEAD_DIM, num_hidden_layers=2,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads,
+                  max_position_embeddings=1024, head_dim=HEAD_DIM, sliding_window=96)
+    try:
+        config = transformers.MistralConfig(attn_implementation="sdpa", **kwargs)
+    except TypeError:
+        config = transformers.MistralConfig(**kwargs)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(5)
+    model = transformers.MistralForCausalLM(config).cuda()
+    _masked_model_routes(compile_env, model, _ids(config.vocab_size, seed=5), None)

@@ -150,8 +150,9 @@ class TestDropIn:
 
     @pytest.mark.parametrize(
         "kwargs",
-        [dict(attn_mask="mask"), dict(dropout_p=0.5), dict(no_grad=True)],
-        ids=["attn_mask", "dropout", "no_grad"],
+        [dict(attn_mask="mask"), dict(attn_mask="mask", is_causal=True), dict(dropout_p=0.5),
+         dict(no_grad=True)],
+        ids=["attn_mask_requires_grad", "attn_mask_and_is_causal", "dropout", "no_grad"],
     )
     def test_unservable_calls_go_to_stock(self, kwargs, monkeypatch, caplog):
         calls = []
@@ -160,7 +161,10 @@ class TestDropIn:
         q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 8, dtype=torch.float32))
         no_grad = kwargs.pop("no_grad", False)
         if kwargs.get("attn_mask") == "mask":
-            kwargs["attn_mask"] = torch.ones(8, 8, dtype=torch.bool).tril()
+            if kwargs.get("is_causal"):  # the pair: whatever stock SDPA does with it
+                kwargs["attn_mask"] = torch.ones(8, 8, dtype=torch.bool).tril()
+            else:
+                kwargs["attn_mask"] = torch.randn(8, 8, requires_grad=True)  # needs its grad
         torch.manual_seed(5)
         with caplog.at_level("DEBUG", logger="torch_sm90_sdpa"), torch.set_grad_enabled(not no_grad):
             out = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, **kwargs)

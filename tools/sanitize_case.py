@@ -1,20 +1,44 @@
-"""One small backward per case, for compute-sanitizer (memcheck / racecheck) on the GPU machine:
+"""Small backward calls for compute-sanitizer (memcheck / racecheck) on the GPU machine:
     compute-sanitizer --tool racecheck python3 tools/sanitize_case.py
-"""
+MHA and GQA epilogues, both tile families, and masked calls (bool and additive masks, with
+empty, partial and full tiles, broadcast over heads and batch)."""
 import torch
 
 import torch_sm90_sdpa  # noqa: F401
 
-CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal): MHA and GQA epilogues, both tile families
-    (1, 2, 2, 200, 200, 128, True),
-    (1, 4, 2, 130, 77, 64, False),
-    (1, 4, 2, 150, 150, 256, True),
-    (1, 2, 2, 100, 190, 192, False),
+CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal, mask)
+    (1, 2, 2, 200, 200, 128, True, None),
+    (1, 4, 2, 130, 77, 64, False, None),
+    (1, 4, 2, 150, 150, 256, True, None),
+    (1, 2, 2, 100, 190, 192, False, None),
+    (2, 2, 2, 300, 300, 128, False, "padding bool [B,1,S,S]"),
+    (2, 4, 2, 260, 260, 64, False, "sliding-window bias [S,S]"),
+    (2, 2, 1, 200, 333, 256, True, "key padding bool [B,1,1,Sk]"),
 ]
-for b, hq, hkv, sq, sk, d, causal in CASES:
+
+
+def make_mask(kind, b, sq, sk):
+    i = torch.arange(sq, device="cuda")[:, None]
+    j = torch.arange(sk, device="cuda")[None, :]
+    if kind.startswith("padding"):
+        keep = (j <= i)[None, None].repeat(b, 1, 1, 1)
+        keep[-1, ..., sk // 2:] = False
+        return keep
+    if kind.startswith("sliding"):
+        keep = (j <= i) & (j > i - 64)
+        return torch.zeros(sq, sk, device="cuda").masked_fill(~keep, float("-inf"))
+    keep = torch.ones(b, 1, 1, sk, dtype=torch.bool, device="cuda")
+    keep[0, ..., sk // 3:] = False
+    return keep
+
+
+for b, hq, hkv, sq, sk, d, causal, kind in CASES:
     q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, d ** -0.5, True)
-    grads = torch.ops.torch_sm90_sdpa.sdpa_backward(torch.randn_like(out), q, k, v, out, lse, causal, d ** -0.5, False)
+    mask = make_mask(kind, b, sq, sk) if kind else None
+    out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, d ** -0.5, True, mask)
+    grads = torch.ops.torch_sm90_sdpa.sdpa_backward(torch.randn_like(out), q, k, v, out, lse,
+                                                    causal, d ** -0.5, False, mask)
     torch.cuda.synchronize()
-    print("case", (b, hq, hkv, sq, sk, d, causal), "finite:", all(g.isfinite().all().item() for g in grads))
+    print("case", (b, hq, hkv, sq, sk, d, causal, kind), "finite:",
+          all(g.isfinite().all().item() for g in grads))

@@ -58,8 +58,18 @@ def _layout(C, t: Optional[Tensor]):
     return C.OperandLayout.of(t.stride(), t.data_ptr())
 
 
+MASK_KINDS = {torch.bool: 1, torch.float16: 2, torch.bfloat16: 3, torch.float32: 4}
+
+
+def mask_view(attn_mask: Tensor, q: Tensor, k: Tensor) -> Tensor:
+    """attn_mask as the [B, Hq, Sq, Sk] view the kernels read (stride 0 on broadcast dims)."""
+    from .reference import expand_mask
+
+    return expand_mask(attn_mask, q.size(0), q.size(1), q.size(2), k.size(2))
+
+
 def problem_of(grad_out, q, k, v, out, lse, is_causal=False, deterministic=False, dq=None,
-               dk=None, dv=None):
+               dk=None, dv=None, attn_mask=None):
     """The device layer's _C.BwdProblem of these tensors (with the device's capability)."""
     C = _module()
     B, Hq, Sq, D = q.shape
@@ -72,6 +82,10 @@ def problem_of(grad_out, q, k, v, out, lse, is_causal=False, deterministic=False
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", grad_out), ("lse", lse),
                     ("dq", dq), ("dk", dk), ("dv", dv)):
         setattr(p, name, _layout(C, t))
+    if attn_mask is not None:
+        p.mask_kind = MASK_KINDS.get(attn_mask.dtype, -1)
+        view = mask_view(attn_mask, q, k)
+        p.mask = C.OperandLayout.of(view.stride(), view.data_ptr())
     return p
 
 
@@ -149,14 +163,35 @@ def run_backward(params, device=None) -> None:
     _run("run", params, device)
 
 
+def tile_classes(attn_mask, q, k, is_causal=False) -> Tensor:
+    """The mask classification kernel's verdict on this mask for q / k's problem (tests):
+    uint8 [mask_batch, mask_heads, n_blocks, m_blocks], 0 empty, 1 partial, 2 full."""
+    C = _module()
+    v, out, lse = k, q, torch.empty(q.shape[:3], device=q.device)
+    problem = problem_of(q, q, k, v, out, lse, is_causal, attn_mask=attn_mask)
+    ws = torch.empty(C.workspace_layout(problem).bytes, dtype=torch.uint8, device=q.device)
+    ptrs = C.BwdPointers(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
+                         dout=q.data_ptr(), lse=lse.data_ptr(), mask=attn_mask.data_ptr(),
+                         workspace=ws.data_ptr())
+    params = C.make_params(problem, ptrs, 1.0)
+    run_fn = getattr(C, "classify")
+    with torch.cuda.device(q.device):
+        run_fn(params, _stream(q.device))
+    start = params.tile_class - ws.data_ptr()
+    n = params.mask_batch * params.mask_heads * params.num_n_blocks * params.num_m_blocks
+    return ws[start:start + n].view(params.mask_batch, params.mask_heads, params.num_n_blocks,
+                                    params.num_m_blocks).clone()
+
+
 def sdpa_backward_python(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                         lse: Tensor, is_causal: bool, scale: float,
-                         deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                         lse: Tensor, is_causal: bool, scale: float, deterministic: bool,
+                         attn_mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """The CUDA op body of registration/torch_op.cpp, in Python (the caller validated the
     arguments): ask the contract, allocate, copy what TMA cannot read, run."""
     C = _module()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    problem = problem_of(grad_out, q, k, v, out, lse, is_causal, deterministic, dq, dk, dv)
+    problem = problem_of(grad_out, q, k, v, out, lse, is_causal, deterministic, dq, dk, dv,
+                         attn_mask)
     decision = C.can_implement(problem)
     if decision.verdict == "unsupported":
         raise RuntimeError(f"torch_sm90_sdpa::sdpa_backward on CUDA: {decision.reason}: "
@@ -172,7 +207,8 @@ def sdpa_backward_python(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
     ptrs = C.BwdPointers(
         q=operands["q"].data_ptr(), k=operands["k"].data_ptr(), v=operands["v"].data_ptr(),
         out=out.data_ptr(), dout=operands["dout"].data_ptr(), lse=lse.data_ptr(),
-        dq=dq.data_ptr(), dk=dk.data_ptr(), dv=dv.data_ptr(), workspace=ws.data_ptr())
+        dq=dq.data_ptr(), dk=dk.data_ptr(), dv=dv.data_ptr(),
+        mask=attn_mask.data_ptr() if attn_mask is not None else 0, workspace=ws.data_ptr())
     with torch.cuda.device(q.device):
         C.run(C.make_params(problem, ptrs, float(scale)), _stream(q.device))
     # `ws` and the copies are freed here: the caching allocator reuses them only in stream

@@ -127,6 +127,42 @@ def check_backward_inputs(grad_out, q, k, v, out, lse, scale) -> None:
     check_scale(scale)
 
 
+MASK_DTYPES = (torch.bool, torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_attn_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> None:
+    """attn_mask: None, or a bool mask (True = attend) or an additive float mask (fp32 / fp16 /
+    bf16; fp64 too with fp64 inputs), broadcastable to [B, Hq, Sq, Sk], on q's device."""
+    if attn_mask is None:
+        return
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask: expected a torch.Tensor or None, got "
+                        f"{type(attn_mask).__name__}")
+    allowed = MASK_DTYPES + ((torch.float64,) if q.dtype == torch.float64 else ())
+    if attn_mask.dtype not in allowed:
+        raise TypeError(
+            "attn_mask: expected dtype torch.bool (True = attend) or an additive float mask "
+            f"({', '.join(str(d) for d in allowed[1:])}), got {attn_mask.dtype}"
+        )
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask: expected a tensor on {q.device} (the device of query), "
+                         f"got one on {attn_mask.device}")
+    target = (q.size(0), q.size(1), q.size(2), k.size(2))
+    shape = tuple(attn_mask.shape)
+    if len(shape) > 4 or any(
+        s not in (1, t) for s, t in zip(reversed(shape), reversed(target))
+    ):
+        raise ValueError(f"attn_mask: expected a shape broadcastable to [B, Hq, Sq, Sk] = "
+                         f"{target}, got shape {shape}")
+
+
+def check_mask_not_differentiable(attn_mask) -> None:
+    """A mask whose gradient would be needed is not served (we compute no mask gradient)."""
+    if attn_mask is not None and attn_mask.requires_grad:
+        raise ValueError("attn_mask: a mask that requires grad is not served (torch_sm90_sdpa "
+                         "computes no gradient for it); detach it, or use stock SDPA")
+
+
 def check_cuda_kernel_dtype(q: torch.Tensor) -> None:
     if q.dtype not in KERNEL_DTYPES:
         raise TypeError(

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from . import policy
+from ._validation import MASK_DTYPES
 
 log = logging.getLogger("torch_sm90_sdpa")
 
@@ -27,9 +28,23 @@ def _cuda_unservable_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
                                  torch.are_deterministic_algorithms_enabled())
 
 
-def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa) -> str | None:
-    if attn_mask is not None:
-        return "attn_mask is set"
+def _mask_unservable_reason(attn_mask, is_causal) -> str | None:
+    if attn_mask is None:
+        return None
+    if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype not in MASK_DTYPES:
+        return "attn_mask of a dtype the kernels do not read"
+    if is_causal:
+        return "attn_mask with is_causal=True (stock SDPA's own handling of the pair is kept)"
+    if attn_mask.requires_grad:
+        return "attn_mask requires grad (no mask gradient is computed here)"
+    return None
+
+
+def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
+                       is_causal=False) -> str | None:
+    why = _mask_unservable_reason(attn_mask, is_causal)
+    if why is not None:
+        return why
     if dropout_p != 0.0:
         return "dropout_p > 0"
     if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
@@ -65,13 +80,15 @@ def scaled_dot_product_attention(
     """Drop-in for ``F.scaled_dot_product_attention`` whose backward runs on our kernels.
 
     query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, D]; Hq % Hkv == 0 with
-    ``enable_gqa=True``. ``scale=None`` means ``1 / sqrt(D)``. Calls with an attn_mask,
-    dropout, other ranks, no gradient to compute, autocast on, or (on CUDA) a non-SM90
-    device, a dtype or head dim without a compiled kernel, or deterministic algorithms,
-    fall back to the stock function. On CPU the backward is the fp32 reference: correct,
+    ``enable_gqa=True``. ``scale=None`` means ``1 / sqrt(D)``. attn_mask: a bool mask (True =
+    attend) or an additive float mask (fp32 / fp16 / bf16) broadcastable to [B, Hq, Sq, Sk]; its
+    backward skips the tiles the mask hides. Calls with dropout, a mask that requires grad or
+    comes with ``is_causal=True``, other ranks, no gradient to compute, autocast on, or (on
+    CUDA) a non-SM90 device, a dtype or head dim without a compiled kernel, or deterministic
+    algorithms, fall back to the stock function. On CPU the backward is the fp32 reference: correct,
     but slower than stock (it is there for tests and for checking the route).
     """
-    reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa)
+    reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal)
     if reason is None:
         # A call we serve: the op checks it (bad input is reported naming the argument);
         # calls we do not serve go to stock SDPA untouched, which reports its own errors.
@@ -87,5 +104,6 @@ def scaled_dot_product_attention(
         )
     resolved_scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
     log.debug("scaled_dot_product_attention: torch_sm90_sdpa backward")
-    out, _ = torch.ops.torch_sm90_sdpa.sdpa(query, key, value, is_causal, resolved_scale, enable_gqa)
+    out, _ = torch.ops.torch_sm90_sdpa.sdpa(query, key, value, is_causal, resolved_scale,
+                                            enable_gqa, attn_mask)
     return out

@@ -170,14 +170,17 @@ def _val(x):
 
 def _describe_node(node: torch.fx.Node, backend: str) -> tuple[policy.AttentionBackwardCall, dict]:
     a = _bind(node)
+    # SDPA hands the cuDNN and memory-efficient ops its mask as an additive bias (a bool mask
+    # converted to 0 / -inf), the CPU op as attn_mask
     mask_arg = {"cpu_flash": "attn_mask", "cudnn": "attn_bias",
                 "efficient": "attn_bias"}.get(backend)
-    has_mask = mask_arg is not None and _val(a.get(mask_arg)) is not None
+    mask_node = a.get(mask_arg) if mask_arg is not None else None
+    mask_val = _val(mask_node)
     nested = any(_val(a.get(n)) is not None for n in ("cum_seq_q", "cum_seq_k"))
+    needs_grad = False
     if backend == "efficient":
-        mask = a.get("grad_input_mask") or [True, True, True, False]
-        # A bias gradient is only computed for a bias; no bias, no route question.
-        has_mask = has_mask or (bool(mask[3]) and _val(a.get("attn_bias")) is not None)
+        wanted = a.get("grad_input_mask") or [True, True, True, False]
+        needs_grad = bool(wanted[3]) and mask_val is not None
     call = policy.AttentionBackwardCall(
         backend=backend,
         grad_out=_val(a.get("grad_out", a.get("grad_out_"))),
@@ -189,7 +192,8 @@ def _describe_node(node: torch.fx.Node, backend: str) -> tuple[policy.AttentionB
         is_causal=bool(a.get("is_causal", False)),
         dropout_p=a.get("dropout_p", 0.0),
         scale=a.get("scale"),
-        has_mask=has_mask,
+        mask=mask_val,
+        mask_needs_grad=needs_grad,
         nested=nested,
         deterministic=torch.are_deterministic_algorithms_enabled(),
     )
@@ -197,6 +201,7 @@ def _describe_node(node: torch.fx.Node, backend: str) -> tuple[policy.AttentionB
         "grad_out": a.get("grad_out", a.get("grad_out_")),
         "q": a["query"], "k": a["key"], "v": a["value"], "out": a["out"],
         "lse": a["logsumexp"],
+        "mask": mask_node if mask_val is not None else None,
     }
     return call, nodes
 
@@ -308,6 +313,8 @@ def _plan(node, backend, call, nodes, scale, fake_mode) -> tuple[Optional[_Plan]
 
     args = [("node", nodes[n]) for n in ("grad_out", "q", "k", "v", "out")]
     args += [lse, call.is_causal, scale, call.deterministic]
+    if nodes.get("mask") is not None:
+        args.append(("node", nodes["mask"]))
     op_ref = add("op", OUR_OP, args)
     old_vals = node.meta.get("val")
     for i in range(3):

@@ -1,14 +1,20 @@
 """The torch.library ops of torch_sm90_sdpa.
 
 - ``torch.ops.torch_sm90_sdpa.sdpa_backward(grad_out, q, k, v, out, lse, is_causal, scale,
-  deterministic) -> (dq, dk, dv)``: the attention backward. CPU kernel: the fp32 reference in
+  deterministic, attn_mask=None) -> (dq, dk, dv)``: the attention backward. CPU kernel: the fp32 reference in
   :mod:`torch_sm90_sdpa.reference`; CUDA kernel: C++ in ``_C`` (registered through torch's
   stable ABI, so a call runs no Python), or, where that registration is not possible, the same
   steps in Python (:func:`torch_sm90_sdpa._cuda_backend.sdpa_backward_python`). It has no
   autograd formula (its results never require grad); the differentiable ``sdpa`` below refuses
   double backward with a clear error.
-- ``torch.ops.torch_sm90_sdpa.sdpa(q, k, v, is_causal, scale, enable_gqa) -> (out, lse)``:
-  forward through the stock fused forward, backward through ``sdpa_backward``.
+- ``torch.ops.torch_sm90_sdpa.sdpa(q, k, v, is_causal, scale, enable_gqa, attn_mask=None)
+  -> (out, lse)``: forward through the stock fused forward, backward through ``sdpa_backward``.
+
+attn_mask: None, or a bool mask (True = attend) or an additive float mask (fp32 / fp16 / bf16:
+0 = attend, -inf = masked, other values added to the scaled scores), of any shape broadcastable
+to [B, Hq, Sq, Sk] (e.g. [B, 1, Sq, Sk] causal + padding, [B, 1, 1, Sk] key padding), combined
+with is_causal when both are given. A row that sees no key gets zero gradients. The backward
+computes no gradient for the mask: ``sdpa`` refuses a mask that requires grad.
 
 Shapes: q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out / grad_out
 [B, Hq, Sq, Dv], lse [B, Hq, Sq] float32, natural log. Any strides with a contiguous
@@ -20,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -36,7 +43,8 @@ log = logging.getLogger("torch_sm90_sdpa")
 _lib = torch.library.Library("torch_sm90_sdpa", "FRAGMENT")  # noqa: TOR901
 _lib.define(
     "sdpa_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-    "bool is_causal, float scale, bool deterministic) -> (Tensor, Tensor, Tensor)"
+    "bool is_causal, float scale, bool deterministic, Tensor? attn_mask=None) "
+    "-> (Tensor, Tensor, Tensor)"
 )
 SDPA_BACKWARD = torch.ops.torch_sm90_sdpa.sdpa_backward.default
 
@@ -69,17 +77,21 @@ def reset_routed_calls() -> None:
     _cpp_calls_base = _cpp_calls()
 
 
-def _sdpa_backward_cpu(grad_out, q, k, v, out, lse, is_causal, scale, deterministic):
+def _sdpa_backward_cpu(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
+                       attn_mask=None):
     if not getattr(_eager_backward, "active", False):
         # a direct call (the eager sdpa's backward passes inputs that sdpa checked)
         _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
+        _validation.check_attn_mask(attn_mask, q, k)
         _python_calls["cpu"] += 1
     # The reference is deterministic whatever `deterministic` says.
-    return attention_backward_reference(grad_out, q, k, v, out, lse, is_causal, scale)
+    return attention_backward_reference(grad_out, q, k, v, out, lse, is_causal, scale, attn_mask)
 
 
-def _sdpa_backward_fake(grad_out, q, k, v, out, lse, is_causal, scale, deterministic):
+def _sdpa_backward_fake(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
+                        attn_mask=None):
     _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
+    _validation.check_attn_mask(attn_mask, q, k)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -98,16 +110,20 @@ def cuda_kernel_kind():
     return _cuda_kernel
 
 
-def _sdpa_backward_cuda_python(grad_out, q, k, v, out, lse, is_causal, scale, deterministic):
+def _sdpa_backward_cuda_python(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
+                               attn_mask=None):
     from ._cuda_backend import sdpa_backward_python
 
     if not getattr(_eager_backward, "active", False):
+        _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
+        _validation.check_attn_mask(attn_mask, q, k)
         _python_calls["cuda"] += 1
-    return sdpa_backward_python(grad_out, q, k, v, out, lse, is_causal, scale, deterministic)
+    return sdpa_backward_python(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
+                                attn_mask)
 
 
 def _sdpa_backward_cuda_unavailable(grad_out, q, k, v, out, lse, is_causal, scale,
-                                    deterministic):
+                                    deterministic, attn_mask=None):
     raise RuntimeError("torch_sm90_sdpa: the SM90 CUDA kernels are not available: "
                        f"{_extension.unavailable_reason()}")
 
@@ -137,7 +153,8 @@ def define_stable_abi_probe() -> bool:
     """Define and register ``torch_sm90_sdpa::_stable_abi_probe`` (tests only; see
     registration/torch_op.cpp). True when the C++ CPU kernel is registered."""
     if not hasattr(torch.ops.torch_sm90_sdpa, "_stable_abi_probe"):
-        _lib.define("_stable_abi_probe(Tensor t, bool flag, float x) -> (Tensor, Tensor)")
+        _lib.define("_stable_abi_probe(Tensor t, bool flag, float x, Tensor? maybe=None) "
+                    "-> (Tensor, Tensor)")
     return _extension.register_stable_abi_probe() is None
 
 
@@ -151,22 +168,40 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float):
+def _float_mask(attn_mask, dtype):
+    """A bool mask as the additive bias the stock kernels take (0 / -inf), in `dtype`."""
+    if attn_mask is None or attn_mask.dtype != torch.bool:
+        return attn_mask
+    bias = torch.zeros(attn_mask.shape, dtype=dtype, device=attn_mask.device)
+    return bias.masked_fill_(~attn_mask, float("-inf"))
+
+
+def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float,
+                   attn_mask=None):
     """(out, lse) from the stock fused forward, in the op's layouts (see _sdpa_fake)."""
     if q.device.type == "cpu":
+        # the CPU kernel takes a float mask of q's dtype
+        mask = _float_mask(attn_mask, q.dtype)
+        mask = mask.to(q.dtype) if mask is not None else None
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, is_causal, scale=scale
+            q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
         )
     elif q.device.type == "cuda":
-        if is_causal and q.size(2) != k.size(2):
-            # FA2 aligns a causal mask bottom-right when Sq != Sk; SDPA (and our backward)
-            # align it top-left, as the memory-efficient kernel does. It has no GQA: repeat
-            # the kv heads. Its lse is padded to a multiple of 32 rows: keep the first Sq.
+        if attn_mask is not None or (is_causal and q.size(2) != k.size(2)):
+            # The memory-efficient kernel: it takes a mask (an additive bias of q's dtype,
+            # [B, H, Sq, Sk]-broadcastable) and aligns a causal mask top-left like SDPA (FA2
+            # aligns it bottom-right when Sq != Sk). It has no GQA: repeat the kv heads. Its
+            # lse is padded to a multiple of 32 rows: keep the first Sq.
             group = q.size(1) // k.size(1)
             if group > 1:
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            bias = _float_mask(attn_mask, q.dtype)
+            if bias is not None:
+                from .reference import expand_mask
+
+                bias = expand_mask(bias.to(q.dtype), q.size(0), q.size(1), q.size(2), k.size(2))
             res = torch.ops.aten._scaled_dot_product_efficient_attention(
-                q, k, v, None, True, 0.0, True, scale=scale
+                q, k, v, bias, True, 0.0, is_causal, scale=scale
             )
             out, lse = res[0], res[1][:, :, : q.size(2)]
         else:
@@ -186,9 +221,10 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
     return out, lse.to(_lse_dtype(q)).contiguous()
 
 
-def _check_sdpa_inputs(q, k, v, scale, enable_gqa):
+def _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask):
     _validation.check_attention_inputs(q, k, v)
     _validation.check_scale(scale)
+    _validation.check_attn_mask(attn_mask, q, k)
     if v.size(-1) != q.size(-1):
         raise ValueError(
             f"value: expected head dim {q.size(-1)} (query.size(-1); the fused forward "
@@ -205,24 +241,28 @@ def _check_sdpa_inputs(q, k, v, scale, enable_gqa):
 
 @torch.library.custom_op("torch_sm90_sdpa::sdpa", mutates_args=(), device_types=("cpu", "cuda"))
 def sdpa(
-    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, enable_gqa: bool
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, enable_gqa: bool,
+    attn_mask: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
-    _check_sdpa_inputs(q, k, v, scale, enable_gqa)
-    return _stock_forward(q, k, v, is_causal, scale)
+    _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask)
+    return _stock_forward(q, k, v, is_causal, scale, attn_mask)
 
 
 @sdpa.register_fake
-def _sdpa_fake(q, k, v, is_causal, scale, enable_gqa):
+def _sdpa_fake(q, k, v, is_causal, scale, enable_gqa, attn_mask=None):
     """The op's contract: out [B, Hq, Sq, Dv] with the strides of torch.empty_like(q) (Dv == D);
     lse [B, Hq, Sq] contiguous, float64 for float64 inputs, else float32."""
-    _check_sdpa_inputs(q, k, v, scale, enable_gqa)
+    _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask)
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
 
 
 def _sdpa_setup_context(ctx, inputs, output):
-    q, k, v, is_causal, scale, _ = inputs
+    q, k, v, is_causal, scale, _, attn_mask = inputs
+    # autograd records this call: a mask that requires grad would need a gradient we do not
+    # compute
+    _validation.check_mask_not_differentiable(attn_mask)
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, attn_mask)
     ctx.is_causal = is_causal
     ctx.scale = scale
     ctx.mark_non_differentiable(lse)
@@ -248,7 +288,7 @@ class _NoDoubleBackward(torch.autograd.Function):
 
 def _sdpa_backward(ctx, grad_out, _grad_lse):
     global _eager_cpp_calls
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, attn_mask = ctx.saved_tensors
     if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
         # e.g. the expanded gradient of out.sum(): the kernels need a contiguous last dim.
         grad_out = grad_out.contiguous()
@@ -258,20 +298,20 @@ def _sdpa_backward(ctx, grad_out, _grad_lse):
         # Deterministic algorithms were switched on after the forward (the drop-in hands
         # deterministic calls to stock SDPA): the reference math is deterministic.
         grads = attention_backward_reference(grad_out, q, k, v, out, lse, ctx.is_causal,
-                                             ctx.scale)
+                                             ctx.scale, attn_mask)
     else:
         _eager_backward.active = True
         try:
             with torch.no_grad():
                 grads = SDPA_BACKWARD(grad_out, q, k, v, out, lse, ctx.is_causal, ctx.scale,
-                                      deterministic)
+                                      deterministic, attn_mask)
         finally:
             _eager_backward.active = False
         if device == "cuda" and _cuda_kernel == "c++":
             _eager_cpp_calls += 1
     if torch.is_grad_enabled():  # create_graph=True
         grads = _NoDoubleBackward.apply(*grads, q, k, v, out, grad_out)
-    return (*grads, None, None, None)
+    return (*grads, None, None, None, None)
 
 
 sdpa.register_autograd(_sdpa_backward, setup_context=_sdpa_setup_context)

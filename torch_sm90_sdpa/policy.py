@@ -15,8 +15,10 @@ Dv == D, Hq a multiple of Hkv, a contiguous last dim, no deterministic mode (unt
 has one). Layouts its TMA cannot read (misaligned views, broadcast heads, padded rows) are
 served too: the op copies those operands. The rest is about the stock node, not the kernel:
 
-* a dense, non-nested call: no dropout, no attn_mask / attn_bias, 4-D q/k/v/out/grad_out,
-  a logsumexp of the backend's layout, a constant scale;
+* a non-nested call without dropout: 4-D q/k/v/out/grad_out, a logsumexp of the backend's
+  layout, a constant scale; a mask / bias (the cuDNN and memory-efficient nodes get SDPA's
+  mask as an additive bias) is served when its dtype is one the kernels read (bool, fp32,
+  fp16, bf16), its shape broadcasts to [B, Hq, Sq, Sk] and no gradient is asked of it;
 * SDPA's causal semantics (top-left). The flash op with ``is_causal`` and Sq != Sk is
   left alone: called directly, FlashAttention-2 aligns the mask bottom-right (SDPA itself
   never picks flash for such calls).
@@ -65,7 +67,8 @@ R_DEVICE = "device not served"
 R_NOT_SM90 = "not an SM90 GPU"
 R_NESTED = "nested / variable-length inputs"
 R_DROPOUT = "dropout_p > 0"
-R_MASK = "attn_mask / attn_bias"
+R_MASK = "attn_mask not served"  # a dtype or shape the kernels cannot read
+R_MASK_GRAD = "attn_mask needs a gradient"
 R_SHAPES = "unexpected shapes"
 R_DTYPE = "dtype"
 R_HEAD_DIM_SYMBOLIC = "symbolic head dim"
@@ -85,7 +88,8 @@ R_SLOWER = "stock backward is faster here"
 
 # The reasons an ineligible call can have, for documentation and the `info` command.
 ALL_REASONS = (
-    R_CPU_ROUTE_OFF, R_DEVICE, R_NOT_SM90, R_NESTED, R_DROPOUT, R_MASK, R_SHAPES, R_DTYPE,
+    R_CPU_ROUTE_OFF, R_DEVICE, R_NOT_SM90, R_NESTED, R_DROPOUT, R_MASK, R_MASK_GRAD, R_SHAPES,
+    R_DTYPE,
     R_HEAD_DIM_SYMBOLIC, R_DV, R_HEADS, R_NOT_BUILT, R_VARIANT, R_DETERMINISTIC,
     R_CAUSAL_ALIGN, R_LAST_DIM, R_TOO_LARGE, R_LSE, R_SCALE, R_OUTPUTS, R_LAYOUT, R_SLOWER,
 )
@@ -141,7 +145,8 @@ class AttentionBackwardCall:
     is_causal: bool
     dropout_p: float = 0.0
     scale: Any = None  # None: 1/sqrt(D)
-    has_mask: bool = False  # attn_mask (CPU) / attn_bias (cuDNN, efficient)
+    mask: Any = None  # attn_mask (CPU) / attn_bias (cuDNN, efficient), or None
+    mask_needs_grad: bool = False  # the efficient node asked for the bias's gradient
     nested: bool = False  # cum_seq_q / cum_seq_k given
     deterministic: bool = False
     extra: dict = field(default_factory=dict)
@@ -149,6 +154,10 @@ class AttentionBackwardCall:
     @property
     def device(self) -> torch.device:
         return self.q.device
+
+    @property
+    def has_mask(self) -> bool:
+        return self.mask is not None
 
 
 @dataclass(frozen=True)
@@ -233,6 +242,47 @@ def lse_shape_ok(call: AttentionBackwardCall) -> bool:
     return same and _known(lse.size(2) == sq)
 
 
+# The codes of the kernels' MaskKind (csrc/bwd_params.h).
+MASK_KIND_CODES = {torch.bool: 1, torch.float16: 2, torch.bfloat16: 3, torch.float32: 4}
+
+
+def _mask_view_layout(C, mask):
+    """_C.OperandLayout of the mask's [B, Hq, Sq, Sk] broadcast view (stride 0 where it
+    broadcasts; a symbolic stride counts as 1: plain loads read any layout)."""
+    strides = [0, 0, 0, 0]
+    for i in range(4):
+        d = i - (4 - mask.dim())
+        if d < 0 or _known(mask.size(d) == 1):
+            continue
+        st = mask.stride(d)
+        strides[i] = st if isinstance(st, int) else 1
+    return C.OperandLayout(batch_stride=strides[0], head_stride=strides[1],
+                           row_stride=strides[2], col_stride=strides[3])
+
+
+def _mask_reason(call: AttentionBackwardCall) -> Optional[Decision]:
+    """Why the call's mask is not served (None: no mask, or one the op takes): the op's
+    rules (_validation.check_attn_mask) on metadata that may be symbolic."""
+    mask = call.mask
+    if mask is None:
+        return None
+    if not hasattr(mask, "dim"):
+        return _no(R_MASK, f"attn_mask {mask!r} is not a tensor")
+    q, k = call.q, call.k
+    allowed = tuple(MASK_KIND_CODES) if call.backend != "cpu_flash" else (
+        tuple(MASK_KIND_CODES) + ((torch.float64,) if q.dtype == torch.float64 else ()))
+    if mask.dtype not in allowed:
+        return _no(R_MASK, f"attn_mask dtype {mask.dtype}")
+    if mask.device != q.device:
+        return _no(R_MASK, f"attn_mask on {mask.device}")
+    target = (q.size(0), q.size(1), q.size(2), k.size(2))
+    if mask.dim() > 4 or not all(
+        _known(s == 1) or _known(s == t) for s, t in zip(reversed(mask.shape), reversed(target))
+    ):
+        return _no(R_MASK, f"attn_mask {_dims(mask)} does not broadcast to {list(target)}")
+    return None
+
+
 def _last_dim_contiguous(t) -> bool:
     return _known(t.stride(-1) == 1) or _known(t.size(-1) <= 1)
 
@@ -264,7 +314,7 @@ def _operand_layout(C, t, elem_bytes: int):
 
 
 def kernel_decision(q, k, v, out, grad_out, *, is_causal: bool, deterministic: bool,
-                    capability) -> Decision:
+                    capability, mask=None) -> Decision:
     """The SM90 kernels' verdict on a call, from its metadata (the contract lives in C++:
     ``_C.can_implement``; this only translates the metadata, symbolic sizes included).
     q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D/Dv], out / grad_out [B, Hq, Sq, Dv] (tensors, fake
@@ -295,6 +345,9 @@ def kernel_decision(q, k, v, out, grad_out, *, is_causal: bool, deterministic: b
     # dq / dk / dv: what the op allocates (empty_like): dense, 16-byte aligned
     for name, t in (("dq", q), ("dk", k), ("dv", v)):
         setattr(problem, name, C.OperandLayout(batch_stride=8, head_stride=8, row_stride=8))
+    if mask is not None:
+        problem.mask_kind = MASK_KIND_CODES.get(mask.dtype, -1)
+        problem.mask = _mask_view_layout(C, mask)
     d = C.can_implement(problem)
     if d.verdict == "unsupported":
         return _no(d.reason, d.detail)
@@ -329,7 +382,9 @@ FASTER_THAN_CUDNN_MIN_SEQLEN = {64: 16384}
 
 def faster_than_stock(call: AttentionBackwardCall) -> Decision:
     """The speed gate: route only where our kernel measured faster than the stock one."""
-    if call.backend != "cudnn":
+    if call.backend != "cudnn" or call.has_mask:
+        # flash / efficient: ours measured faster on every row; a masked cuDNN node: cuDNN
+        # applies the mask densely, ours skips the tiles it hides (BENCHMARKS.md)
         return ROUTE
     head_dim = call.q.size(-1)
     min_seqlen = FASTER_THAN_CUDNN_MIN_SEQLEN.get(head_dim)
@@ -362,8 +417,8 @@ def decide(call: AttentionBackwardCall, *, cpu_route: bool = False,
         return _no(R_NESTED)
     if not (isinstance(call.dropout_p, (int, float)) and call.dropout_p == 0):
         return _no(R_DROPOUT, f"dropout_p = {call.dropout_p}")
-    if call.has_mask:
-        return _no(R_MASK)
+    if call.mask_needs_grad:
+        return _no(R_MASK_GRAD, "the memory-efficient node computes the bias's gradient")
 
     q, k, v, out, go = call.q, call.k, call.v, call.out, call.grad_out
     named = {"query": q, "key": k, "value": v, "out": out, "grad_out": go}
@@ -389,6 +444,9 @@ def decide(call: AttentionBackwardCall, *, cpu_route: bool = False,
                           f"{getattr(lse, 'dtype', '')} for the {backend} op")
     if resolved_scale(call) is None:
         return _no(R_SCALE, f"scale {call.scale!r}")
+    why = _mask_reason(call)
+    if why is not None:
+        return why
 
     if backend == "cpu_flash":  # the CPU reference: any head dim, last dim contiguous
         if q.dtype not in CPU_DTYPES or any(t.dtype != q.dtype for t in named.values()):
@@ -408,7 +466,7 @@ def decide(call: AttentionBackwardCall, *, cpu_route: bool = False,
         return _no(R_CAUSAL_ALIGN, f"Sq = {sq}, Sk = {sk}")
     verdict = kernel_decision(q, k, v, out, go, is_causal=call.is_causal,
                               deterministic=call.deterministic,
-                              capability=device_capability(device))
+                              capability=device_capability(device), mask=call.mask)
     if not verdict.routed:
         return verdict
     if only_faster:
@@ -419,11 +477,14 @@ def decide(call: AttentionBackwardCall, *, cpu_route: bool = False,
 
 
 def describe(call: AttentionBackwardCall) -> str:
-    """A one-line description for the log: shapes, dtype, device, causal."""
+    """A one-line description for the log: shapes, dtype, device, causal, mask."""
     q, k = call.q, call.k
     gqa = "" if _known(q.size(1) == k.size(1)) else f", GQA {q.size(1)}/{k.size(1)}"
+    mask = ""
+    if call.mask is not None and hasattr(call.mask, "shape"):
+        mask = f", mask {_dims(call.mask)} {str(call.mask.dtype).replace('torch.', '')}"
     return (f"q {_dims(q)} k {_dims(k)} {str(q.dtype).replace('torch.', '')} on {q.device}"
-            f"{', causal' if call.is_causal else ''}{gqa}")
+            f"{', causal' if call.is_causal else ''}{gqa}{mask}")
 
 
 def policy_fingerprint() -> tuple:

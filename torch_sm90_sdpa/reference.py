@@ -18,6 +18,24 @@ def _math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def expand_mask(attn_mask: torch.Tensor, batch: int, heads_q: int, seqlen_q: int,
+                seqlen_k: int) -> torch.Tensor:
+    """attn_mask as a [B, Hq, Sq, Sk] view (stride 0 on the broadcast dims)."""
+    while attn_mask.dim() < 4:
+        attn_mask = attn_mask.unsqueeze(0)
+    return attn_mask.expand(batch, heads_q, seqlen_q, seqlen_k)
+
+
+def mask_bias(attn_mask_b: torch.Tensor, math_dtype: torch.dtype) -> torch.Tensor:
+    """The additive form of one batch element's [Hq, Sq, Sk] mask: 0 / -inf for a bool mask
+    (True = attend), the values themselves for a float mask."""
+    if attn_mask_b.dtype == torch.bool:
+        zero = torch.zeros((), dtype=math_dtype, device=attn_mask_b.device)
+        return torch.where(attn_mask_b, zero, torch.tensor(float("-inf"), dtype=math_dtype,
+                                                           device=attn_mask_b.device))
+    return attn_mask_b.to(math_dtype)
+
+
 def attention_backward_reference(
     grad_out: torch.Tensor,  # [B, Hq, Sq, Dv]
     q: torch.Tensor,  # [B, Hq, Sq, D]
@@ -27,8 +45,13 @@ def attention_backward_reference(
     lse: torch.Tensor,  # [B, Hq, Sq], natural log of sum_j exp(scale * q_i . k_j)
     is_causal: bool,
     scale: float,
+    attn_mask: torch.Tensor | None = None,  # broadcastable to [B, Hq, Sq, Sk], bool or float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (dq, dk, dv) in the input dtype with the strides of q, k, v."""
+    """Returns (dq, dk, dv) in the input dtype with the strides of q, k, v.
+
+    Scores are scale * q k^T plus the mask's bias (a bool mask: 0 where True, -inf where
+    False), with keys after the query masked when is_causal. A row that sees no key (lse =
+    -inf, or any value when every score of the row is -inf) gets zero gradients."""
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -43,6 +66,8 @@ def attention_backward_reference(
     group = heads_q // heads_kv
     math_dtype = _math_dtype(q.dtype)
     mask = causal_mask(seqlen_q, seqlen_k, q.device) if is_causal else None
+    full_mask = (expand_mask(attn_mask, batch, heads_q, seqlen_q, seqlen_k)
+                 if attn_mask is not None else None)
     # One batch element at a time bounds the [Hq, Sq, Sk] intermediates.
     for b in range(batch):
         qb = q[b].to(math_dtype)  # [Hq, Sq, D]
@@ -52,8 +77,12 @@ def attention_backward_reference(
         kb = k[b].to(math_dtype).repeat_interleave(group, dim=0)
         vb = v[b].to(math_dtype).repeat_interleave(group, dim=0)
         lseb = lse[b].to(math_dtype).unsqueeze(-1)  # [Hq, Sq, 1]
+        # a row that sees no key: +inf makes every probability 0 instead of NaN
+        lseb = lseb.masked_fill(lseb == float("-inf"), float("inf"))
 
         scores = torch.matmul(qb, kb.transpose(-1, -2)) * scale  # [Hq, Sq, Sk]
+        if full_mask is not None:
+            scores = scores + mask_bias(full_mask[b], math_dtype)
         probs = torch.exp(scores - lseb)
         if mask is not None:
             probs = probs.masked_fill(~mask, 0.0)

@@ -111,7 +111,7 @@ struct BwdKernel {
       Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
       Tensor tdVrdV = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
       bool const tile_valid = mainloop.mma(params.mainloop, pipeline_q, pipeline_do, read_q, read_do, tdKrdK,
-                                           tdVrdV, thread_idx, n_block, ss);
+                                           tdVrdV, thread_idx, n_block, bidh, bidb, ss);
       epilogue.store(params.epilogue, tdKrdK, tdVrdV, ss, thread_idx, n_block, bidh, bidb, tile_valid);
     }
   }

@@ -230,6 +230,12 @@ struct BwdMainloop {
     int qhead_per_khead;
     float scale_log2;
     bool is_causal;
+    // optional mask (BwdParams' fields; mask_kind kNone: none) and its tile classes
+    MaskKind mask_kind;
+    void const* mask;
+    int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_col_stride;
+    unsigned char const* tile_class;
+    int mask_batch, mask_heads, num_m_blocks, num_n_blocks;
   };
 
   static Params to_params(BwdParams const& p) {
@@ -263,7 +269,18 @@ struct BwdMainloop {
         p.heads_q,
         p.heads_q / p.heads_kv,
         p.scale_log2,
-        p.is_causal};
+        p.is_causal,
+        p.mask_kind,
+        p.mask,
+        p.mask_batch_stride,
+        p.mask_head_stride,
+        p.mask_row_stride,
+        p.mask_col_stride,
+        p.tile_class,
+        p.mask_batch,
+        p.mask_heads,
+        p.num_m_blocks,
+        p.num_n_blocks};
   }
 
   CUTE_DEVICE static void prefetch_tma_descriptors(Params const& params) {
@@ -282,13 +299,33 @@ struct BwdMainloop {
     return {m_min, m_max};
   }
 
+  // With a mask: this CTA's row of tile classes (one byte per m-block), else null.
+  CUTE_DEVICE static unsigned char const* tile_classes(Params const& params, int n_block, int bidh, int bidb) {
+    if (params.mask_kind == MaskKind::kNone) { return nullptr; }
+    int const mb = params.mask_batch == 1 ? 0 : bidb;
+    int const mh = params.mask_heads == 1 ? 0 : bidh;
+    return params.tile_class + ((int64_t(mb) * params.mask_heads + mh) * params.num_n_blocks + n_block) *
+                                   int64_t(params.num_m_blocks);
+  }
+
+  // The first m-block >= m that is not empty under the mask (m itself without a mask). The
+  // producer, the dQ writer and the MMA warpgroups walk the same sequence with it.
+  CUTE_DEVICE static int next_m_block(unsigned char const* classes, int m, int m_max) {
+    if (classes != nullptr) {
+      while (m < m_max && classes[m] == kTileEmpty) { ++m; }
+    }
+    return m;
+  }
+
   // ---------------- producer warp ----------------
   template <class SharedStorage>
   CUTE_DEVICE void load(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
                         PipelineStateQ& write_q, PipelineStatedO& write_do, SharedStorage& ss, int n_block,
                         int bidh, int bidb) {
     auto [m_min, m_max] = m_block_range(params, n_block);
-    if (m_max <= m_min) { return; }
+    unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
+    int const m_first = next_m_block(classes, m_min, m_max);
+    if (m_first >= m_max) { return; }
 
     auto& st = ss.tensors.mainloop;
     Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
@@ -344,17 +381,19 @@ struct BwdMainloop {
         copy(bulk_copy.with(*bar), gdPsum(_, m), sdPsum(_, write_do.index()));
         ++write_do;
       };
-      load_q(m_min);
+      load_q(m_first);
       using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
       ss.pipelines.barrier_KV.arrive_and_expect_tx(2 * kTmaBytesK);
       copy(params.tma_load_K.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tKgK, tKsK);
       copy(params.tma_load_V.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tVgV, tVsV);
+      int m = m_first;
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int m = m_min; m < m_max - 1; ++m) {
+      for (int m_next = next_m_block(classes, m + 1, m_max); m_next < m_max;
+           m = m_next, m_next = next_m_block(classes, m + 1, m_max)) {
         load_do(m);
-        load_q(m + 1);
+        load_q(m_next);  // one Q ahead of dO: S of the next block starts while dO arrives
       }
-      load_do(m_max - 1);
+      load_do(m);
     }
   }
 
@@ -362,7 +401,9 @@ struct BwdMainloop {
   template <class SharedStorage>
   CUTE_DEVICE void store_dq(Params const& params, SharedStorage& ss, int n_block, int bidh, int bidb) {
     auto [m_min, m_max] = m_block_range(params, n_block);
-    if (m_max <= m_min) { return; }
+    unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
+    int const m_first = next_m_block(classes, m_min, m_max);
+    if (m_first >= m_max) { return; }
     Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.smem_dq.data()), SmemLayoutdQ{});
     Tensor mdQ = params.tma_add_dQ.get_tma_tensor(params.shape_dQacc)(_, _, bidh, bidb);
     Tensor gdQ = local_tile(mdQ, ShapedQ{}, make_coord(_, _));  // (M, cols, m, slice)
@@ -371,7 +412,7 @@ struct BwdMainloop {
     Tensor tdQgdQ = tma.partition_D(gdQ);  // (TMA, TMA_M, TMA_N, m, slice)
     bool const leader = cute::elect_one_sync();
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int m = m_min; m < m_max; ++m) {
+    for (int m = m_first; m < m_max; m = next_m_block(classes, m + 1, m_max)) {
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kdQSlices; ++s) {
         named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
@@ -391,11 +432,12 @@ struct BwdMainloop {
   template <class SharedStorage, class FrgdKV>
   CUTE_DEVICE bool mma(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
                        PipelineStateQ& read_q, PipelineStatedO& read_do, FrgdKV& tdKrdK, FrgdKV& tdVrdV,
-                       int thread_idx, int n_block, SharedStorage& ss) {
+                       int thread_idx, int n_block, int bidh, int bidb, SharedStorage& ss) {
     clear(tdKrdK);
     clear(tdVrdV);
     auto [m_min, m_max] = m_block_range(params, n_block);
-    if (m_max <= m_min) { return false; }
+    int const m_first = next_m_block(tile_classes(params, n_block, bidh, bidb), m_min, m_max);
+    if (m_first >= m_max) { return false; }
 
     auto& st = ss.tensors.mainloop;
     Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
@@ -429,6 +471,7 @@ struct BwdMainloop {
       named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
     }
 
+    int const seqlen_q = params.seqlen_q;
     int const seqlen_k = params.seqlen_k;
     bool const is_causal = params.is_causal;
     float const scale_log2 = params.scale_log2;
@@ -465,26 +508,68 @@ struct BwdMainloop {
     };
 
     // P = exp2(S * scale_log2 - lse_log2) in place of S, once S is done (dP may still run).
-    // kMask: the key tail and the causal diagonal (only the iterations that need it).
+    // kMask: the key tail, the causal cut and the mask (only in the iterations that need it:
+    // partial tiles under a mask, else the causal diagonal and the last key block).
     auto softmax_p = [&](auto& tSrS, int m_block, int stage_q, auto mask_tag) {
       constexpr bool kMask = decltype(mask_tag)::value;
       warpgroup_wait<1>();
       warpgroup_fence_operand(tSrS);
       auto thr = tiled_mma_SdP.get_thread_slice(launder_int(thread_idx));
       Tensor tLSE = thr.partition_C(sLSEMma)(_, _, _, stage_q);
-      Tensor tScS = thr.partition_C(make_identity_tensor(ShapeS{}));
-      int const row0 = m_block * kBlockM;
-      int const col0 = n_block * kBlockN;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        float s = tSrS(i);
-        if constexpr (kMask) {
-          auto c = tScS(i);
-          int const q_idx = row0 + (kSdPSwapAB ? get<1>(c) : get<0>(c));
-          int const k_idx = col0 + (kSdPSwapAB ? get<0>(c) : get<1>(c));
-          if (k_idx >= seqlen_k || (is_causal && k_idx > q_idx)) { s = -INFINITY; }
+      if constexpr (!kMask) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) { tSrS(i) = exp2f(tSrS(i) * scale_log2 - tLSE(i)); }
+      } else {
+        Tensor tScS = thr.partition_C(make_identity_tensor(ShapeS{}));
+        int const row0 = m_block * kBlockM;
+        int const col0 = n_block * kBlockN;
+        // the mask's [B, Hq] offset (stride 0 on broadcast dims), computed here rather than
+        // kept live across the m-loop
+        int64_t const mask_offset = int64_t(launder_int(bidb)) * params.mask_batch_stride +
+                                    int64_t(bidh) * params.mask_head_stride;
+        // bias(offset) -> the mask element's additive term in the log2 domain (-inf: masked)
+        auto apply = [&](auto bias) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(tSrS); ++i) {
+            auto c = tScS(i);
+            int const q_idx = row0 + (kSdPSwapAB ? get<1>(c) : get<0>(c));
+            int const k_idx = col0 + (kSdPSwapAB ? get<0>(c) : get<1>(c));
+            float add = 0.f;
+            if (k_idx >= seqlen_k || (is_causal && k_idx > q_idx)) {
+              add = -INFINITY;
+            } else if (q_idx < seqlen_q) {  // padding rows have lse_log2 = +inf: P = 0
+              add = bias(mask_offset + int64_t(q_idx) * params.mask_row_stride +
+                         int64_t(k_idx) * params.mask_col_stride);
+            }
+            tSrS(i) = exp2f(tSrS(i) * scale_log2 + add - tLSE(i));
+          }
+        };
+        constexpr float kLog2e = 1.4426950408889634f;
+        switch (params.mask_kind) {
+          case MaskKind::kBool: {
+            auto m = static_cast<uint8_t const*>(params.mask);
+            apply([&](int64_t o) { return m[o] ? 0.f : -INFINITY; });
+            break;
+          }
+          case MaskKind::kFloat16: {
+            auto m = static_cast<cutlass::half_t const*>(params.mask);
+            apply([&](int64_t o) { return float(m[o]) * kLog2e; });
+            break;
+          }
+          case MaskKind::kBFloat16: {
+            auto m = static_cast<cutlass::bfloat16_t const*>(params.mask);
+            apply([&](int64_t o) { return float(m[o]) * kLog2e; });
+            break;
+          }
+          case MaskKind::kFloat32: {
+            auto m = static_cast<float const*>(params.mask);
+            apply([&](int64_t o) { return m[o] * kLog2e; });
+            break;
+          }
+          default:
+            apply([](int64_t) { return 0.f; });
+            break;
         }
-        tSrS(i) = exp2f(s * scale_log2 - tLSE(i));
       }
       // Pin P here, before the wait for dP: the exponentials overlap the dP wgmma instead of
       // being scheduled after it.
@@ -605,19 +690,28 @@ struct BwdMainloop {
       ++read_q;
     };
 
-    // Masked iterations: all of them for the last (partial) key block, else the causal
-    // diagonal blocks [m_min, m_mask_end), whose rows are not all >= the block's last key.
+    // Which iterations need the mask code. With a mask: the partial tiles (the classification
+    // folded the causal cut and the key tail in; empty tiles are skipped). Without: every
+    // iteration of the last (partial) key block, else the causal diagonal blocks
+    // [m_min, m_mask_end), whose rows are not all >= the block's last key.
     int m_mask_end = m_min;
     if (n_block_end > seqlen_k) {
       m_mask_end = m_max;
     } else if (is_causal) {
       m_mask_end = cute::min(m_max, (n_block_end - 1 + kBlockM - 1) / kBlockM);
     }
-    int m_block = m_min;
+    // the tile classes' row, rebuilt where used (not a 64-bit value live across the loop)
+    auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
     CUTLASS_PRAGMA_NO_UNROLL
-    for (; m_block < m_mask_end; ++m_block) { bwd_step(m_block, cute::true_type{}); }
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (; m_block < m_max; ++m_block) { bwd_step(m_block, cute::false_type{}); }
+    for (int m_block = m_first; m_block < m_max; m_block = next_m_block(classes(), m_block + 1, m_max)) {
+      unsigned char const* cls = classes();
+      bool const partial = cls != nullptr ? cls[m_block] == kTilePartial : m_block < m_mask_end;
+      if (partial) {
+        bwd_step(m_block, cute::true_type{});
+      } else {
+        bwd_step(m_block, cute::false_type{});
+      }
+    }
     warpgroup_fence_operand(tdKrdK);
     warpgroup_fence_operand(tdVrdV);
     return true;

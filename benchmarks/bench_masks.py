@@ -1,0 +1,131 @@
+"""Masked attention backward: ours (which skips the tiles a mask hides) next to cuDNN's masked
+backward (which applies the mask densely), and both against their is_causal backward.
+
+The mask is what a compiled transformers model hands the cuDNN backward: an additive bf16 bias
+(0 / -inf) of shape [B, 1, S, S]. Rows per mask kind and sequence length,
+bf16, d = 128, 16 q heads (hidden 2048), batch 16384 / s (at least 2: padding needs two
+sequences). Backward only, interleaved (ours masked, cuDNN masked, ours causal, cuDNN causal,
+...), median of the repeats. Mask kinds:
+  causal          the causal mask as a bias (what transformers builds without padding)
+  padding         causal, every other sequence right-padded to half its length
+  sliding window  causal, window s / 4 (Mistral style)
+  documents       causal within 4 packed documents of equal length (block-diagonal)
+
+    python benchmarks/bench_masks.py [--seqs 2048,4096,8192,16384] [--reps 10] [--json OUT]
+"""
+import argparse
+import json
+import statistics
+
+import torch
+
+import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+
+aten = torch.ops.aten
+
+
+def make_bias(kind, b, s):
+    i = torch.arange(s, device="cuda")[:, None]
+    j = torch.arange(s, device="cuda")[None, :]
+    causal = j <= i
+    if kind == "causal":
+        keep = causal[None].expand(b, s, s)
+    elif kind == "padding":
+        valid = torch.tensor([s if n % 2 == 0 else s // 2 for n in range(b)], device="cuda")
+        keep = causal[None] & (j[None] < valid[:, None, None])
+    elif kind == "sliding window":
+        keep = (causal & (j > i - s // 4))[None].expand(b, s, s)
+    elif kind == "documents":
+        doc = torch.arange(s, device="cuda") // (s // 4)
+        keep = (causal & (doc[:, None] == doc[None, :]))[None].expand(b, s, s)
+    else:
+        raise ValueError(kind)
+    bias = torch.zeros(b, 1, s, s, device="cuda", dtype=torch.bfloat16)
+    return bias.masked_fill_(~keep[:, None], float("-inf"))
+
+
+def cudnn_backward(q, k, v, dout, bias, causal, scale):
+    """A run() of cuDNN's backward (forward outputs saved); bias [B, 1, S, S] (as SDPA hands
+    it over) or None."""
+    b4 = bias
+    o, lse, cq, ck, mq, mk, seed, off = aten._scaled_dot_product_cudnn_attention(
+        q, k, v, b4, True, 0.0, causal, False, scale=scale)[:8]
+
+    def run():
+        return aten._scaled_dot_product_cudnn_attention_backward(
+            dout, q, k, v, o, lse, seed, off, b4, cq, ck, mq, mk, 0.0, causal, scale=scale)
+    return run, (o, lse[..., 0])
+
+
+def ours_backward(q, k, v, dout, bias, causal, scale, o, lse):
+    op = torch.ops.torch_sm90_sdpa.sdpa_backward.default
+    b4 = bias
+
+    def run():
+        return op(dout, q, k, v, o, lse, causal, scale, False, b4)
+    return run
+
+
+def time_interleaved(fns, reps):
+    samples = {name: [] for name in fns}
+    for fn in fns.values():  # warm up
+        fn()
+    torch.cuda.synchronize()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples[name].append(start.elapsed_time(end))
+    return {name: statistics.median(t) for name, t in samples.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seqs", default="2048,4096,8192,16384")
+    ap.add_argument("--kinds", default="causal,padding,sliding window,documents")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    d, h = 128, 16
+    scale = d ** -0.5
+    rows = []
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, d={d}, h={h}; "
+          "backward ms (median)")
+    print(f"{'mask':<15} {'s':>6} {'b':>3} | {'ours mask':>9} {'cuDNN mask':>10} "
+          f"{'ours causal':>11} {'cuDNN causal':>12} | {'cuDNN/ours':>10} {'mask/causal':>11}")
+    for s in (int(x) for x in args.seqs.split(",")):
+        b = max(2, 16384 // s)
+        g = torch.Generator(device="cuda").manual_seed(s)
+        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16,
+                                     generator=g).transpose(1, 2) for _ in range(4))
+        causal_run, (o_c, lse_c) = cudnn_backward(q, k, v, dout, None, True, scale)
+        ours_causal = ours_backward(q, k, v, dout, None, True, scale, o_c, lse_c)
+        for kind in args.kinds.split(","):
+            bias = make_bias(kind, b, s)
+            cudnn_mask, (o_m, lse_m) = cudnn_backward(q, k, v, dout, bias, False, scale)
+            ours_mask = ours_backward(q, k, v, dout, bias, False, scale, o_m, lse_m)
+            t = time_interleaved({"ours mask": ours_mask, "cudnn mask": cudnn_mask,
+                                  "ours causal": ours_causal, "cudnn causal": causal_run},
+                                 args.reps)
+            row = dict(mask=kind, s=s, b=b, **t,
+                       cudnn_over_ours=t["cudnn mask"] / t["ours mask"],
+                       ours_mask_over_causal=t["ours mask"] / t["ours causal"])
+            rows.append(row)
+            print(f"{kind:<15} {s:>6} {b:>3} | {t['ours mask']:>9.3f} {t['cudnn mask']:>10.3f} "
+                  f"{t['ours causal']:>11.3f} {t['cudnn causal']:>12.3f} | "
+                  f"{row['cudnn_over_ours']:>9.2f}x {row['ours_mask_over_causal']:>10.2f}x",
+                  flush=True)
+            del bias, cudnn_mask, ours_mask, o_m, lse_m
+        del q, k, v, dout, causal_run, ours_causal
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "device": torch.cuda.get_device_name(),
+                       "torch": torch.__version__}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

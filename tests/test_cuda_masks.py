@@ -1,0 +1,220 @@
+"""Masks on the SM90 GPU: gradients of the masked backward against float64 (within 2x the
+stock masked backward's error), the tile classification, and the drop-in end to end.
+
+Mask kinds: causal, padding (left and right), sliding window, packed documents
+(block-diagonal), random, rows with no visible key, bool and additive, broadcast over batch
+and heads, with GQA. out / lse come from the float64 reference (the backward is tested on its
+own); the stock backward compared against is SDPA's with the same mask.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_sm90_sdpa
+from torch_sm90_sdpa import _extension
+from conftest import (as_bias, causal_bool, documents, padding, reference_grads_fp64_masked,
+                      requires_sm90, sliding_window)
+from test_cuda_backward import assert_close_to_reference, poison_allocator
+
+pytestmark = [requires_sm90, pytest.mark.gpu]
+
+sdpa_backward = torch.ops.torch_sm90_sdpa.sdpa_backward
+DEV = "cuda"
+
+
+def need_variant(d, dtype):
+    if not _extension.has_variant(d, dtype):
+        pytest.skip(f"variant d={d} {dtype} not compiled")
+
+
+def make_mask(kind, b, hq, sq, sk, dtype):
+    """A mask of `kind`; bool unless the kind says additive (then `dtype`, or fp32)."""
+    g = torch.Generator(device="cpu").manual_seed(11)
+    if kind == "causal":
+        m = causal_bool(sq, sk)
+    elif kind == "padding right":
+        m = padding(b, sq, sk, [sk, max(1, sk // 3)])[:b]
+    elif kind == "padding left":
+        m = padding(b, sq, sk, [max(1, sk // 2), sk], left=True)[:b]
+    elif kind == "key padding [B,1,1,Sk]":
+        m = padding(b, 1, sk, [sk - 70, sk][:b], causal=False)
+    elif kind == "sliding window":
+        m = sliding_window(sq, sk, 200)
+    elif kind == "documents":
+        assert sq == sk
+        m = documents([sq // 4, sq // 2, sq - sq // 4 - sq // 2])
+    elif kind == "random per head":
+        m = torch.rand(b, hq, sq, sk, generator=g) > 0.5
+    elif kind == "rows without keys":
+        m = causal_bool(sq, sk).clone()
+        m[5] = False
+        m[sq // 2: sq // 2 + 70] = False  # more than a whole m-block
+    elif kind == "additive bias":
+        m = (torch.randn(sq, sk, generator=g) * 2).masked_fill(causal_bool(sq, sk).logical_not(),
+                                                               float("-inf"))
+        return m.to(DEV, dtype)
+    elif kind == "additive 0/-inf [B,1,Sq,Sk]":
+        return as_bias(padding(b, sq, sk, [sk, sk - 100][:b]), dtype).to(DEV)
+    else:
+        raise ValueError(kind)
+    return m.to(DEV)
+
+
+def reference_out_lse(q, k, v, mask, is_causal, scale):
+    """float64 (out, lse) with the mask (and the causal cut) applied; lse = -inf on rows that
+    see no key."""
+    g = q.size(1) // k.size(1)
+    kk, vv = (t.double().repeat_interleave(g, 1) for t in (k, v))
+    s = q.double() @ kk.transpose(-1, -2) * scale
+    if mask.dtype == torch.bool:
+        s = s.masked_fill(~mask, float("-inf"))
+    else:
+        s = s + mask.double()
+    if is_causal:
+        s = s.masked_fill(~causal_bool(q.size(2), k.size(2), DEV), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse.masked_fill(lse == float("-inf"), float("inf"))[..., None])
+    return p @ vv, lse
+
+
+def stock_grads(q, k, v, dout, mask, is_causal, scale):
+    """The stock fused backward's gradients with this mask (kv heads expanded for GQA)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = q.size(1) // k.size(1)
+    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    m = mask
+    if is_causal:
+        tril = causal_bool(q.size(2), k.size(2), DEV)
+        m = (m & tril) if m.dtype == torch.bool else m.masked_fill(~tril, float("-inf"))
+    if m.dtype != torch.bool:
+        m = m.to(q.dtype)
+    for backends in ([SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION],
+                     [SDPBackend.MATH]):
+        with sdpa_kernel(backends):
+            o = F.scaled_dot_product_attention(qs, ks.repeat_interleave(g, 1),
+                                               vs.repeat_interleave(g, 1), attn_mask=m,
+                                               scale=scale)
+        grads = torch.autograd.grad(o, (qs, ks, vs), dout)
+        if not any(t.isnan().any() for t in grads):  # fused kernels: NaN on rows without keys
+            return grads
+    return grads
+
+
+def run_masked(kind, b, hq, hkv, sq, sk, d, dtype, is_causal=False, mask_dtype=None, seed=0):
+    need_variant(d, dtype)
+    torch.manual_seed(seed)
+    q = torch.randn(b, sq, hq, d, device=DEV).to(dtype).transpose(1, 2)
+    k = torch.randn(b, sk, hkv, d, device=DEV).to(dtype).transpose(1, 2)
+    v = torch.randn(b, sk, hkv, d, device=DEV).to(dtype).transpose(1, 2)
+    dout = torch.randn(b, hq, sq, d, device=DEV).to(dtype)
+    mask = make_mask(kind, b, hq, sq, sk, mask_dtype or dtype)
+    scale = 1 / math.sqrt(d)
+    o64, lse64 = reference_out_lse(q, k, v, mask, is_causal, scale)
+    out, lse = o64.to(dtype), lse64.float()
+    _, rdq, rdk, rdv = reference_grads_fp64_masked(q, k, v, dout, mask, is_causal, scale)
+    sdq, sdk, sdv = stock_grads(q, k, v, dout, mask, is_causal, scale)
+    poison_allocator(q, k, v)
+    dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, False, mask)
+    for ours, st, ref, name in ((dq, sdq, rdq, "dq"), (dk, sdk, rdk, "dk"), (dv, sdv, rdv, "dv")):
+        assert_close_to_reference(ours, st, ref, f"{kind} {name}")
+    return dq, dk, dv, mask
+
+
+KINDS = ["causal", "padding right", "padding left", "key padding [B,1,1,Sk]", "sliding window",
+         "documents", "random per head", "rows without keys", "additive bias",
+         "additive 0/-inf [B,1,Sq,Sk]"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_masks_against_fp64(kind, head_dim, dtype):
+    run_masked(kind, 2, 4, 4, 600, 600, head_dim, dtype)
+
+
+@pytest.mark.parametrize("kind", ["padding right", "sliding window", "random per head",
+                                  "additive bias"])
+@pytest.mark.parametrize("head_dim", [96, 192])
+def test_masks_other_head_dims(kind, head_dim):
+    run_masked(kind, 2, 4, 4, 333, 333, head_dim, torch.bfloat16)
+
+
+@pytest.mark.parametrize("kind", ["padding right", "documents", "random per head",
+                                  "key padding [B,1,1,Sk]"])
+@pytest.mark.parametrize("heads", [(8, 2), (8, 1)], ids=["gqa", "mqa"])
+def test_masks_with_gqa(kind, heads):
+    run_masked(kind, 2, heads[0], heads[1], 512, 512, 128, torch.bfloat16)
+
+
+@pytest.mark.parametrize("kind", ["padding right", "random per head", "additive bias"])
+def test_masks_combined_with_is_causal(kind):
+    run_masked(kind, 2, 4, 2, 400, 400, 128, torch.bfloat16, is_causal=True)
+
+
+@pytest.mark.parametrize("sq,sk", [(200, 777), (777, 200), (1, 300), (130, 1)])
+def test_masks_sq_not_sk(sq, sk):
+    run_masked("random per head", 2, 4, 4, sq, sk, 128, torch.bfloat16)
+    run_masked("additive 0/-inf [B,1,Sq,Sk]", 2, 4, 4, sq, sk, 64, torch.bfloat16)
+
+
+def test_fp32_bias_with_bf16_inputs():
+    run_masked("additive bias", 2, 4, 4, 300, 300, 128, torch.bfloat16, mask_dtype=torch.float32)
+
+
+def test_rows_without_keys_give_zero_gradients():
+    dq, dk, dv, mask = run_masked("rows without keys", 1, 2, 2, 300, 300, 128, torch.bfloat16)
+    empty_rows = ~mask.any(-1)
+    assert (dq[:, :, empty_rows] == 0).all() and torch.isfinite(dk).all()
+
+
+def test_tile_classes_of_a_causal_mask():
+    """The classification kernel: a causal mask's tiles are empty above the diagonal, full
+    below it, partial on it (and in the last, partial key block); is_causal folds in."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    need_variant(128, torch.bfloat16)
+    sq = sk = 1000  # tiles 64 x 128 at d128: 16 m-blocks, 8 n-blocks
+    q = torch.randn(1, 2, sq, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(1, 2, sk, 128, device=DEV, dtype=torch.bfloat16)
+    cls = cb.tile_classes(causal_bool(sq, sk, DEV), q, k)
+    assert cls.shape == (1, 1, 8, 16)
+    for n in range(8):
+        for m in range(16):
+            rows, cols = range(64 * m, min(64 * m + 64, sq)), range(128 * n, 128 * n + 128)
+            visible = [c <= r for r in rows for c in cols if c < sk]
+            has_tail = cols[-1] >= sk
+            want = 0 if not any(visible) else (2 if all(visible) and not has_tail else 1)
+            assert cls[0, 0, n, m].item() == want, (n, m)
+    # a key-padding mask per batch element and head: instances are not expanded
+    kp = torch.ones(2, 1, 1, sk, dtype=torch.bool, device=DEV)
+    kp[1, ..., 500:] = False
+    q2 = q.expand(2, 2, sq, 128)
+    cls = cb.tile_classes(kp, q2, k.expand(2, 2, sk, 128), is_causal=True)
+    assert cls.shape == (2, 1, 8, 16)
+    assert (cls[1, 0, 4:] == 0).all()  # keys >= 512 masked for the second sequence
+
+
+def test_drop_in_with_a_padding_mask_matches_stock():
+    need_variant(128, torch.bfloat16)
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 8, 700, 128, device=DEV, dtype=torch.bfloat16).requires_grad_()
+               for _ in range(3))
+    mask = padding(2, 700, 700, [700, 350]).to(DEV)
+    grads = []
+    for fn in (torch_sm90_sdpa.scaled_dot_product_attention, F.scaled_dot_product_attention):
+        out = fn(q, k, v, attn_mask=mask)
+        grads.append(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    for ours, stock in zip(*grads):
+        torch.testing.assert_close(ours.float(), stock.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_opcheck_with_a_mask_on_cuda():
+    need_variant(128, torch.bfloat16)
+    q, k, v = (torch.randn(1, 4, 200, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+    mask = padding(1, 200, 200, [150]).to(DEV)
+    o64, lse64 = reference_out_lse(q, k, v, mask, False, 0.1)
+    torch.library.opcheck(sdpa_backward.default, (torch.randn_like(q), q, k, v, o64.to(q.dtype),
+                                                  lse64.float(), False, 0.1, False, mask))
