@@ -98,8 +98,12 @@ void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
       int64_t(kHeadDim) * sizeof(Element) * (2 * int64_t(p.seqlen_q) + 2 * int64_t(p.seqlen_k) * p.heads_kv / p.heads_q);
   int64_t const hps = std::max<int64_t>(1, (int64_t(l2_bytes) / 2) / std::max<int64_t>(bytes_per_head, 1));
   int const total_heads = p.heads_q * p.batch;
+  // Key-block-major order (the key blocks with the most query blocks first) for causal attention
+  // and under a mask: the masks models pass are causal-like (causal, padding, sliding windows,
+  // packed documents), whose work per key block falls with the key index like causal's.
+  bool const n_block_major = p.is_causal || p.mask_kind != MaskKind::kNone;
   typename Scheduler::Params sched{(p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_q, p.batch,
-                                   static_cast<int>(std::min<int64_t>(hps, total_heads)), p.is_causal};
+                                   static_cast<int>(std::min<int64_t>(hps, total_heads)), n_block_major};
 
   typename Kernel::Params kparams{Mainloop::to_params(p), Epilogue::to_params(p), sched};
 

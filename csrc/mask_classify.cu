@@ -1,8 +1,8 @@
 // The tile classification of an attention mask: see mask_classify.h.
 //
-// One CTA per tile and mask instance; its threads walk the tile's elements row by row (keys
-// fastest, so a warp reads consecutive keys) and vote. Masks are read with plain strided loads:
-// any layout works (stride 0 on broadcast dims, e.g. [B, 1, 1, Sk] key-padding masks).
+// One CTA per tile and mask instance; its threads walk the tile's rows in chunks of 8 keys (a
+// warp reads consecutive keys, as vectors where the layout allows) and vote. Any layout works
+// (stride 0 on broadcast dims, e.g. [B, 1, 1, Sk] key-padding masks: plain strided loads).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,48 +25,72 @@ struct ClassifyArgs {
   unsigned char* tile_class;
 };
 
-// (visible, adds exactly zero) of one mask element
 template <MaskKind kKind>
-__device__ __forceinline__ void mask_element(const void* base, int64_t off, bool& visible,
-                                             bool& zero) {
-  if constexpr (kKind == MaskKind::kBool) {
-    visible = static_cast<const unsigned char*>(base)[off] != 0;
-    zero = true;
-  } else {
-    float x;
-    if constexpr (kKind == MaskKind::kFloat16) {
-      x = __half2float(static_cast<const __half*>(base)[off]);
-    } else if constexpr (kKind == MaskKind::kBFloat16) {
-      x = __bfloat162float(static_cast<const __nv_bfloat16*>(base)[off]);
-    } else {
-      x = static_cast<const float*>(base)[off];
-    }
-    visible = x != -INFINITY;
-    zero = x == 0.f;
-  }
-}
+struct MaskElem;
+template <> struct MaskElem<MaskKind::kBool> { using type = unsigned char; };
+template <> struct MaskElem<MaskKind::kFloat16> { using type = __half; };
+template <> struct MaskElem<MaskKind::kBFloat16> { using type = __nv_bfloat16; };
+template <> struct MaskElem<MaskKind::kFloat32> { using type = float; };
+
+// Keys per thread and step: 8 consecutive keys, read as one vector where the mask's key stride
+// is 1 and the address allows it (8 bytes for bool, 16 for fp16 / bf16, 32 for fp32).
+constexpr int kChunk = 8;
 
 template <MaskKind kKind>
 __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyArgs a) {
+  using T = typename MaskElem<kKind>::type;
   const int tile = blockIdx.x;  // n_block * num_m_blocks + m_block
   const int n_block = tile / a.num_m_blocks;
   const int m_block = tile - n_block * a.num_m_blocks;
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = m_block * a.tile_m, k0 = n_block * a.tile_n;
-  const char* base = static_cast<const char*>(a.mask);
-  const int64_t off_bh = int64_t(b) * a.sb + int64_t(h) * a.sh;
+  const T* base = static_cast<const T*>(a.mask) + int64_t(b) * a.sb + int64_t(h) * a.sh;
   bool any_visible = false, all_full = true;
-  const int elems = a.tile_m * a.tile_n;
-  for (int i = threadIdx.x; i < elems; i += kThreads) {
-    const int r = i / a.tile_n, c = i - r * a.tile_n;
-    const int q = q0 + r, k = k0 + c;
+  const int chunks_per_row = a.tile_n / kChunk;
+  const int chunks = a.tile_m * chunks_per_row;
+  for (int i = threadIdx.x; i < chunks; i += kThreads) {
+    const int r = i / chunks_per_row;
+    const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
     if (q >= a.seqlen_q) continue;  // padding rows: P = 0 there whatever the class
-    bool visible = false, zero = true;
-    if (k < a.seqlen_k && !(a.is_causal && k > q)) {
-      mask_element<kKind>(base, off_bh + int64_t(q) * a.sr + int64_t(k) * a.sc, visible, zero);
+    const T* row = base + int64_t(q) * a.sr;
+    T vals[kChunk];
+    const T* src = row + int64_t(kc) * a.sc;
+    const bool vec = a.sc == 1 && kc + kChunk <= a.seqlen_k &&
+                     reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
+    if (vec) {
+      if constexpr (sizeof(T) == 1) {
+        *reinterpret_cast<uint2*>(vals) = *reinterpret_cast<const uint2*>(src);
+      } else if constexpr (sizeof(T) == 2) {
+        *reinterpret_cast<uint4*>(vals) = *reinterpret_cast<const uint4*>(src);
+      } else {
+        reinterpret_cast<uint4*>(vals)[0] = reinterpret_cast<const uint4*>(src)[0];
+        reinterpret_cast<uint4*>(vals)[1] = reinterpret_cast<const uint4*>(src)[1];
+      }
     }
-    any_visible |= visible;
-    all_full &= visible && zero;
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const int k = kc + c;
+      bool visible = false, zero = true;
+      if (k < a.seqlen_k && !(a.is_causal && k > q)) {
+        const T x = vec ? vals[c] : row[int64_t(k) * a.sc];
+        if constexpr (kKind == MaskKind::kBool) {
+          visible = x != 0;
+        } else {
+          float f;
+          if constexpr (kKind == MaskKind::kFloat16) {
+            f = __half2float(x);
+          } else if constexpr (kKind == MaskKind::kBFloat16) {
+            f = __bfloat162float(x);
+          } else {
+            f = x;
+          }
+          visible = f != -INFINITY;
+          zero = f == 0.f;
+        }
+      }
+      any_visible |= visible;
+      all_full &= visible && zero;
+    }
   }
   any_visible = __syncthreads_or(any_visible);
   all_full = __syncthreads_and(all_full);
