@@ -104,11 +104,13 @@ def stock_backward(q, k, v, dout, is_causal, scale):
 
 
 def poison_allocator(*like):
-    """Leave NaN-filled blocks of the outputs' sizes in the caching allocator, so that
-    torch.empty_like inside the op hands out NaN memory; checks that it does."""
+    """Leave NaN-filled blocks of the outputs' sizes in the caching allocator, so that the op's
+    torch.empty_like(q / k / v) (allocated in that order) hands out NaN memory; checks that
+    it does. One block per output, allocated and freed in the op's order on an emptied cache:
+    the freed blocks coalesce and are split again in the same order."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # no other free blocks of these sizes left to hand out
-    blocks = [torch.full_like(t, float("nan")) for t in like for _ in range(2)]
+    blocks = [torch.full_like(t, float("nan")) for t in like]
     del blocks
     probes = [torch.empty_like(t) for t in like]
     assert all(torch.isnan(p).all() for p in probes if p.numel()), \

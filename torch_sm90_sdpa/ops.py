@@ -176,6 +176,24 @@ def _float_mask(attn_mask, dtype):
     return bias.masked_fill_(~attn_mask, float("-inf"))
 
 
+def _efficient_bias(bias: Tensor, q: Tensor, k: Tensor) -> Tensor:
+    """The bias as the memory-efficient kernel takes it: [B, Hq, Sq, Sk], its strides multiples
+    of 16 elements (a copy with padded rows where they are not, as SDPA's frontend makes),
+    broadcast dims with stride 0."""
+    from .reference import expand_mask
+
+    while bias.dim() < 4:
+        bias = bias.unsqueeze(0)
+    sk = bias.size(-1)
+    misaligned = any(size > 1 and stride % 16 for size, stride in
+                     zip(bias.shape[:-1], bias.stride()[:-1]))
+    if misaligned or (sk > 1 and bias.stride(-1) != 1):
+        padded = bias.new_zeros(*bias.shape[:-1], (sk + 15) // 16 * 16)
+        padded[..., :sk].copy_(bias)
+        bias = padded[..., :sk]
+    return expand_mask(bias, q.size(0), q.size(1), q.size(2), k.size(2))
+
+
 def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float,
                    attn_mask=None):
     """(out, lse) from the stock fused forward, in the op's layouts (see _sdpa_fake)."""
@@ -197,9 +215,7 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             bias = _float_mask(attn_mask, q.dtype)
             if bias is not None:
-                from .reference import expand_mask
-
-                bias = expand_mask(bias.to(q.dtype), q.size(0), q.size(1), q.size(2), k.size(2))
+                bias = _efficient_bias(bias.to(q.dtype), q, k)
             res = torch.ops.aten._scaled_dot_product_efficient_attention(
                 q, k, v, bias, True, 0.0, is_causal, scale=scale
             )
