@@ -792,7 +792,7 @@ class TestSpeedGate(unittest.TestCase):
                                             lse=lse, is_causal=True)
 
     def test_cudnn_kept_where_it_is_faster(self):
-        for d, s in [(128, 16384), (64, 4096), (128, 1024)]:
+        for d, s in [(128, 16384), (64, 2048), (128, 1024)]:
             self.assertEqual(policy.faster_than_stock(self.call(d, s, "cudnn")).reason,
                              policy.R_SLOWER, (d, s))
         for s in (16384, 1024):
@@ -801,7 +801,14 @@ class TestSpeedGate(unittest.TestCase):
 
     def test_cudnn_routed_where_ours_is_faster(self):
         # the gate alone (d64 may not be compiled here)
-        self.assertTrue(policy.faster_than_stock(self.call(64, 16384, "cudnn")))
+        for s in (4096, 16384):
+            self.assertTrue(policy.faster_than_stock(self.call(64, s, "cudnn")))
+
+    def test_masked_calls_kept_on_stock_by_default(self):
+        for backend in ("cudnn", "flash", "efficient"):
+            call = self.call(128, 4096, backend)
+            call.mask = policy.TensorSpec((1, 1, 4096, 4096), torch.bfloat16, "cuda:0")
+            self.assertEqual(policy.faster_than_stock(call).reason, policy.R_SLOWER, backend)
 
     def test_flash_and_efficient_always_routed(self):
         for backend in ("flash", "efficient"):

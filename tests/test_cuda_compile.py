@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 import torch_sm90_sdpa
-from torch_sm90_sdpa import _extension, routing
+from torch_sm90_sdpa import _extension, policy, routing
 from torch_sm90_sdpa.testing import AttentionOpRecorder, Block, lm_loss
 
 
@@ -225,18 +225,7 @@ def _llama(transformers, seed):
 
 
 def _train_lm(m, ids, steps):
-    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-    losses, first = [], None
-    for i in range(steps):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = m(input_ids=ids, labels=ids).loss
-        loss.backward()
-        losses.append(loss.detach().float().item())
-        if i == 0:
-            first = grads_of(m)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return losses, first
+    return _train_lm_masked(m, ids, None, steps)
 
 
 def _ids(vocab, seed):
@@ -293,12 +282,13 @@ def _train_lm_masked(m, ids, attention_mask, steps):
 
 def _masked_model_routes(compile_env, model, ids, attention_mask, steps=2):
     """Unpatched transformers: its SDPA calls carry the mask it materializes under tracing;
-    the backward nodes (cuDNN's, with the mask as an additive bias) are routed to our op with
-    that mask; losses and gradients match uncompiled stock."""
+    with routing forced, the backward nodes (cuDNN's, with the mask as an additive bias) are
+    routed to our op with that mask; losses and gradients match uncompiled stock."""
     recorder = compile_env
     stock = copy.deepcopy(model)
     ref_losses, ref_grads = _train_lm_masked(stock, ids, attention_mask, steps)
-    with torch_sm90_sdpa.enable():  # the default: masked calls pass the speed gate
+    # only_faster=False: the default gate keeps masked calls on stock for now (policy.py)
+    with torch_sm90_sdpa.enable(only_faster=False):
         losses, grads = _train_lm_masked(torch.compile(model), ids, attention_mask, steps)
     ops = backward_ops(recorder)
     stats = torch_sm90_sdpa.routing_stats()
@@ -309,10 +299,19 @@ def _masked_model_routes(compile_env, model, ids, attention_mask, steps=2):
 
 
 def test_transformers_llama_default_mask(compile_env):
-    """A Llama (GQA) with no attention_mask: transformers builds a causal mask under tracing."""
+    """A Llama (GQA) with no attention_mask: transformers builds a causal mask under tracing.
+    The default enable() keeps these masked calls on stock, and says why."""
     transformers = pytest.importorskip("transformers")
     model = _llama(transformers, seed=3)
     _masked_model_routes(compile_env, model, _ids(model.config.vocab_size, seed=3), None)
+    torch._dynamo.reset()
+    compile_env.graphs.clear()
+    torch_sm90_sdpa.routing_stats(reset=True)
+    with torch_sm90_sdpa.enable():
+        _train_lm_masked(torch.compile(model), _ids(model.config.vocab_size, seed=3), None, 1)
+    stats = torch_sm90_sdpa.routing_stats()
+    assert stats["routed_calls"] == 0, stats
+    assert list(stats["not_routed"]) == [policy.R_SLOWER], stats
 
 
 def test_transformers_llama_padded_batch(compile_env):

@@ -80,10 +80,11 @@ def info(argv=None) -> int:
     for d, dt, verdict in _routing_table(torch.device("cuda", 0), head_dims, dtypes,
                                          assume_sm90=not have_sm90):
         print(f"  D={d:<4} {_fmt_dtype(dt):<9} {verdict}")
-    print("never routed: dropout_p > 0, an attn_mask / attn_bias, nested tensors, Dv != D, "
-          "broadcast dims, tensors without a contiguous last dim or 16-byte aligned strides, "
-          "flash with is_causal and Sq != Sk, deterministic mode (until the kernel has one); "
-          "see docs/ROUTING.md")
+    print("never routed: dropout_p > 0, a mask that needs a gradient or of another dtype than "
+          "bool / fp32 / fp16 / bf16, nested tensors, Dv != D, tensors without a contiguous "
+          "last dim, flash with is_causal and Sq != Sk, deterministic mode (until the kernel "
+          "has one). Masked calls are served but kept on stock by the default speed gate "
+          "(enable(only_faster=False) routes them). See docs/ROUTING.md")
     return 0
 
 

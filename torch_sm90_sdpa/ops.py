@@ -77,13 +77,18 @@ def reset_routed_calls() -> None:
     _cpp_calls_base = _cpp_calls()
 
 
-def _sdpa_backward_cpu(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
-                       attn_mask=None):
+def _check_and_count_direct_call(device, grad_out, q, k, v, out, lse, scale, attn_mask):
+    """The checks of a Python kernel's call, and its count, unless the eager sdpa's own
+    backward makes it (with inputs sdpa checked, and not a routed call)."""
     if not getattr(_eager_backward, "active", False):
-        # a direct call (the eager sdpa's backward passes inputs that sdpa checked)
         _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
         _validation.check_attn_mask(attn_mask, q, k)
-        _python_calls["cpu"] += 1
+        _python_calls[device] += 1
+
+
+def _sdpa_backward_cpu(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
+                       attn_mask=None):
+    _check_and_count_direct_call("cpu", grad_out, q, k, v, out, lse, scale, attn_mask)
     # The reference is deterministic whatever `deterministic` says.
     return attention_backward_reference(grad_out, q, k, v, out, lse, is_causal, scale, attn_mask)
 
@@ -114,10 +119,7 @@ def _sdpa_backward_cuda_python(grad_out, q, k, v, out, lse, is_causal, scale, de
                                attn_mask=None):
     from ._cuda_backend import sdpa_backward_python
 
-    if not getattr(_eager_backward, "active", False):
-        _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
-        _validation.check_attn_mask(attn_mask, q, k)
-        _python_calls["cuda"] += 1
+    _check_and_count_direct_call("cuda", grad_out, q, k, v, out, lse, scale, attn_mask)
     return sdpa_backward_python(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
                                 attn_mask)
 
