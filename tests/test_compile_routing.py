@@ -182,6 +182,36 @@ torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sd
         for g, t in zip(grads, (q, k, v)):
             torch.testing.assert_close(g, t.grad, rtol=1e-4, atol=1e-5)
 
+    def test_transformers_llama_on_cpu(self):
+        """A tiny transformers Llama (GQA), unpatched, compiled with the CPU route: its SDPA
+        calls carry the mask transformers materializes under tracing (here with a padded
+        batch); the backward nodes are routed with it and training matches stock."""
+        try:
+            import transformers
+        except ImportError:
+            self.skipTest("transformers is not installed")
+        cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16)
+        cfg._attn_implementation = "sdpa"
+        torch.manual_seed(6)
+        model = transformers.LlamaForCausalLM(cfg)
+        stock = transformers.LlamaForCausalLM(cfg)
+        stock.load_state_dict(model.state_dict())
+        ids = torch.randint(0, 100, (2, 24))
+        attention_mask = torch.ones_like(ids)
+        attention_mask[1, 15:] = 0
+        labels = ids.masked_fill(attention_mask == 0, -100)
+        torch_sm90_sdpa.enable(cpu=True)
+        compiled = torch.compile(model)
+        compiled(input_ids=ids, attention_mask=attention_mask, labels=labels).loss.backward()
+        self.assertExpectedInline(backward_graph_ops(self.recorder), """\
+torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward""")
+        stats = torch_sm90_sdpa.routing_stats()
+        self.assertEqual((stats["routed_nodes"], stats["not_routed"]), ({"cpu_flash": 2}, {}))
+        stock(input_ids=ids, attention_mask=attention_mask, labels=labels).loss.backward()
+        assert_grads_close(self, param_grads(model), param_grads(stock), rtol=1e-4, atol=1e-5)
+
     def test_dynamic_sequence_length(self):
         torch.manual_seed(2)
         model = TinyTransformer(vocab=64, dim=32, heads=4, kv_heads=2, layers=1)
