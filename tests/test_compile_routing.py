@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import warnings
 from unittest import mock
 
 import expecttest
@@ -184,8 +185,9 @@ torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sd
 
     def test_transformers_llama_on_cpu(self):
         """A tiny transformers Llama (GQA), unpatched, compiled with the CPU route: its SDPA
-        calls carry the mask transformers materializes under tracing (here with a padded
-        batch); the backward nodes are routed with it and training matches stock."""
+        calls carry the mask transformers materializes under tracing. With a padded batch the
+        backward nodes are routed with it; without, the mask is proved causal and dropped.
+        Training matches stock either way."""
         try:
             import transformers
         except ImportError:
@@ -207,10 +209,87 @@ torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sd
         compiled(input_ids=ids, attention_mask=attention_mask, labels=labels).loss.backward()
         self.assertExpectedInline(backward_graph_ops(self.recorder), """\
 torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward""")
-        stats = torch_sm90_sdpa.routing_stats()
+        stats = torch_sm90_sdpa.routing_stats(reset=True)
         self.assertEqual((stats["routed_nodes"], stats["not_routed"]), ({"cpu_flash": 2}, {}))
+        # the padding mask is a graph input: no causal proof, the mask stays
+        self.assertEqual(stats["causal_masks"], {"kept: depends on graph inputs": 4})
         stock(input_ids=ids, attention_mask=attention_mask, labels=labels).loss.backward()
         assert_grads_close(self, param_grads(model), param_grads(stock), rtol=1e-4, atol=1e-5)
+        # no attention_mask: transformers' causal mask is a function of sizes: dropped
+        torch._dynamo.reset()
+        model.zero_grad()
+        stock.zero_grad()
+        compiled = torch.compile(model)
+        compiled(input_ids=ids, labels=ids).loss.backward()
+        stats = torch_sm90_sdpa.routing_stats()
+        self.assertEqual(stats["causal_masks"], {"dropped": 4})
+        stock(input_ids=ids, labels=ids).loss.backward()
+        assert_grads_close(self, param_grads(model), param_grads(stock), rtol=1e-4, atol=1e-5)
+
+    def test_provably_causal_masks_are_dropped(self):
+        """Masks built from sizes alone (as transformers builds them under tracing) and equal to
+        the causal mask are dropped at compile time: both SDPA nodes become is_causal=True and
+        the mask is gone from the graph. Other masks are kept, with the reason."""
+        class Net(nn.Module):
+            def __init__(self, kind):
+                super().__init__()
+                self.kind = kind
+
+            def forward(self, q, k, v, pad):
+                s = q.size(2)
+                i = torch.arange(s, device=q.device)
+                keep = i[None, :] <= i[:, None]  # [S, S], key <= query
+                if self.kind == "sliding window":
+                    keep = keep & (i[None, :] > i[:, None] - 4)
+                if self.kind == "padding input":
+                    keep = keep & pad[:, None, None, :]
+                keep = keep.expand(q.size(0), 1, s, s)
+                if self.kind == "float causal":
+                    keep = torch.where(keep, 0.0, float("-inf"))
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+        class Args(torch._inductor.custom_graph_pass.CustomGraphPass):
+            """Records (is_causal, has a mask) of the CPU SDPA forward nodes."""
+
+            def __init__(self):
+                self.seen = []
+
+            def __call__(self, graph):
+                for n in graph.nodes:
+                    if n.target is aten._scaled_dot_product_flash_attention_for_cpu.default:
+                        causal = n.args[4] if len(n.args) > 4 else n.kwargs.get("is_causal", False)
+                        self.seen.append((bool(causal), n.kwargs.get("attn_mask") is not None))
+
+            def uuid(self):
+                return "test-args"
+
+        outcomes = {}
+        for kind in ("causal", "float causal", "sliding window", "padding input"):
+            torch._dynamo.reset()
+            routing.reset_stats()
+            recorder = Args()
+            torch._inductor.config.post_grad_custom_post_pass = recorder
+            torch.manual_seed(3)
+            q, k, v = (torch.randn(2, 2, 12, 8, requires_grad=True) for _ in range(3))
+            pad = torch.ones(2, 12, dtype=torch.bool)
+            pad[1, 9:] = False
+            # no cache: two kinds compile to the same graph once their mask is dropped
+            with torch_sm90_sdpa.enable(cpu=True), \
+                    torch._inductor.config.patch(fx_graph_cache=False), \
+                    torch._functorch.config.patch(enable_autograd_cache=False):
+                torch.compile(Net(kind))(q, k, v, pad).sum().backward()
+            grads = [t.grad.clone() for t in (q, k, v)]
+            for t in (q, k, v):
+                t.grad = None
+            Net(kind)(q, k, v, pad).sum().backward()
+            for g, t in zip(grads, (q, k, v)):
+                torch.testing.assert_close(g, t.grad, rtol=1e-4, atol=1e-5)
+            outcomes[kind] = (torch_sm90_sdpa.routing_stats()["causal_masks"], recorder.seen)
+        self.assertExpectedInline("\n".join(f"{k}: {v}" for k, v in outcomes.items()), """\
+causal: ({'dropped': 2}, [(True, False)])
+float causal: ({'dropped': 2}, [(True, False)])
+sliding window: ({'kept: not the causal mask': 2}, [(False, True)])
+padding input: ({'kept: depends on graph inputs': 2}, [(False, True)])""")
 
     def test_dynamic_sequence_length(self):
         torch.manual_seed(2)
@@ -397,12 +476,16 @@ class TestSwitch(unittest.TestCase):
 
     def test_enable_as_context_manager_restores(self):
         self.assertFalse(routing.is_enabled())
+        on = dict(enabled=True, only_faster=True, causal_masks=True)
         with torch_sm90_sdpa.enable(cpu=True):
-            self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True, "only_faster": True})
-            with torch_sm90_sdpa.enable():
-                self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": False, "only_faster": True})
-            self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True, "only_faster": True})
-        self.assertEqual(routing.routing_options(), {"enabled": False, "cpu": False, "only_faster": True})
+            self.assertEqual(routing.routing_options(), dict(on, cpu=True))
+            with torch_sm90_sdpa.enable(causal_masks=False):
+                self.assertEqual(routing.routing_options(), dict(on, cpu=False, causal_masks=False))
+                self.assertIsNone(torch._inductor.config.joint_custom_pre_pass)
+            self.assertEqual(routing.routing_options(), dict(on, cpu=True))
+        self.assertEqual(routing.routing_options(), dict(enabled=False, cpu=False, only_faster=True,
+                                                         causal_masks=False))
+        self.assertIsNone(torch._inductor.config.joint_custom_pre_pass)
 
     def test_user_pass_still_runs(self):
         calls = []
@@ -473,17 +556,22 @@ class TestSwitch(unittest.TestCase):
     def test_env_var(self):
         self.assertIsNone(routing.apply_env("0"))
         self.assertFalse(routing.is_enabled())
+        on = dict(enabled=True, causal_masks=True)
         routing.apply_env("cpu")
-        self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": True, "only_faster": True})
+        self.assertEqual(routing.routing_options(), dict(on, cpu=True, only_faster=True))
         routing.disable()
         routing.apply_env("1")
-        self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": False, "only_faster": True})
+        self.assertEqual(routing.routing_options(), dict(on, cpu=False, only_faster=True))
         routing.disable()
         routing.apply_env("all")
-        self.assertEqual(routing.routing_options(), {"enabled": True, "cpu": False, "only_faster": False})
+        self.assertEqual(routing.routing_options(), dict(on, cpu=False, only_faster=False))
         routing.disable()
-        with self.assertWarns(UserWarning):
+        # (not assertWarns: it walks every module's __warningregistry__, which imports lazy
+        # submodules of an installed transformers)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             routing.apply_env("maybe")
+        self.assertTrue(any(issubclass(w.category, UserWarning) for w in caught))
         self.assertFalse(routing.is_enabled())
 
     def test_env_var_at_import(self):

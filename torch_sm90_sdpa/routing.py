@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import torch._inductor.config as inductor_config
 
-from . import compile_pass, ops
+from . import causal_masks, compile_pass, ops
 
 log = logging.getLogger("torch_sm90_sdpa")
 
@@ -45,14 +45,16 @@ class _RoutingState:
     """What ``enable()`` returns: routing is already on; as a context manager, the state
     before the call comes back on exit."""
 
-    def __init__(self, previous: Any):
+    def __init__(self, previous: Any, previous_joint: Any):
         self._previous = previous
+        self._previous_joint = previous_joint
 
     def __enter__(self) -> "_RoutingState":
         return self
 
     def __exit__(self, *exc) -> None:
         inductor_config.post_grad_custom_post_pass = self._previous
+        inductor_config.joint_custom_pre_pass = self._previous_joint
 
     def __repr__(self) -> str:
         return f"<torch_sm90_sdpa routing: {routing_options()}>"
@@ -63,15 +65,34 @@ def _current_pass() -> Optional[compile_pass.SdpaBackwardRewrite]:
     return p if isinstance(p, compile_pass.SdpaBackwardRewrite) else None
 
 
-def enable(cpu: bool = False, only_faster: bool = True) -> _RoutingState:
+def _current_joint_pass() -> Optional[causal_masks.CausalMaskPass]:
+    p = inductor_config.joint_custom_pre_pass
+    return p if isinstance(p, causal_masks.CausalMaskPass) else None
+
+
+def _set_causal_masks(on: bool) -> None:
+    ours = _current_joint_pass()
+    if on and ours is None:
+        inductor_config.joint_custom_pre_pass = causal_masks.CausalMaskPass(
+            user_pass=inductor_config.joint_custom_pre_pass)
+    elif not on and ours is not None:
+        inductor_config.joint_custom_pre_pass = ours.user_pass
+
+
+def enable(cpu: bool = False, only_faster: bool = True,
+           causal_masks: bool = True) -> _RoutingState:
     """Route the SDPA backward of every later ``torch.compile`` compilation to our op where
     eligible (see :mod:`torch_sm90_sdpa.policy`). ``cpu=True`` also routes CPU calls to the
     op's CPU reference (for tests and CI). ``only_faster=True`` (the default) routes a CUDA
     call only where our kernel measured faster than the stock backward it replaces
-    (``policy.faster_than_stock``); ``False`` routes every eligible call. Idempotent; a pass
-    the user set as ``post_grad_custom_post_pass`` before keeps running after ours."""
+    (``policy.faster_than_stock``); ``False`` routes every eligible call. ``causal_masks=True``
+    (the default) also drops masks that are provably causal at compile time from both SDPA
+    nodes (:mod:`torch_sm90_sdpa.causal_masks`): they become ``is_causal=True`` calls.
+    Idempotent; passes the user set as ``post_grad_custom_post_pass`` /
+    ``joint_custom_pre_pass`` before keep running after ours."""
     previous = inductor_config.post_grad_custom_post_pass
-    state = _RoutingState(previous)
+    state = _RoutingState(previous, inductor_config.joint_custom_pre_pass)
+    _set_causal_masks(causal_masks)
     ours = _current_pass()
     if ours is not None and ours.cpu == bool(cpu) and ours.only_faster == bool(only_faster):
         return state
@@ -87,6 +108,7 @@ def enable(cpu: bool = False, only_faster: bool = True) -> _RoutingState:
 def disable() -> None:
     """Stop routing in later compilations; the user's own post-grad pass, if any, stays.
     Idempotent."""
+    _set_causal_masks(False)
     ours = _current_pass()
     if ours is None:
         return
@@ -99,10 +121,11 @@ def is_enabled() -> bool:
 
 
 def routing_options() -> dict:
-    """{"enabled": bool, "cpu": bool, "only_faster": bool}."""
+    """{"enabled": bool, "cpu": bool, "only_faster": bool, "causal_masks": bool}."""
     ours = _current_pass()
     return {"enabled": ours is not None, "cpu": bool(ours is not None and ours.cpu),
-            "only_faster": bool(ours is None or ours.only_faster)}
+            "only_faster": bool(ours is None or ours.only_faster),
+            "causal_masks": _current_joint_pass() is not None}
 
 
 def routing_stats(reset: bool = False) -> dict:
@@ -114,7 +137,8 @@ def routing_stats(reset: bool = False) -> dict:
           "routed_calls_by_device": {...},     #   compiled graphs (also after a cache hit)
           "routed_nodes": {backend: int},      # COMPILE TIME: stock backward nodes replaced
           "not_routed": {reason: int},         # COMPILE TIME: nodes kept, by reason
-        }
+          "causal_masks": {outcome: int},      # COMPILE TIME: SDPA nodes whose mask was
+        }                                      #   dropped (proved causal) or kept, and why
 
     Compile-time counts only grow when Inductor actually compiles a graph: a graph served
     by the FX graph cache (or by AOTAutograd's cache) is not re-examined, so they stay zero
@@ -131,6 +155,7 @@ def routing_stats(reset: bool = False) -> dict:
         "routed_calls_by_device": dict(calls),
         "routed_nodes": {k[1]: n for k, n in sorted(counts.items()) if k[0] == "routed"},
         "not_routed": {k[1]: n for k, n in sorted(counts.items()) if k[0] == "not routed"},
+        "causal_masks": dict(sorted(causal_masks.decision_counts.items())),
     }
     if reset:
         reset_stats()
@@ -141,6 +166,7 @@ def reset_stats() -> None:
     """Zero the counts of :func:`routing_stats`."""
     ops.reset_routed_calls()
     compile_pass.decision_counts.clear()
+    causal_masks.decision_counts.clear()
     compile_pass.recent_decisions.clear()
 
 
