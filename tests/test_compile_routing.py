@@ -212,7 +212,7 @@ torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward""")
         stats = torch_sm90_sdpa.routing_stats(reset=True)
         self.assertEqual((stats["routed_nodes"], stats["not_routed"]), ({"cpu_flash": 2}, {}))
         # the padding mask is a graph input: no causal proof, the mask stays
-        self.assertEqual(stats["causal_masks"], {"kept: depends on graph inputs": 4})
+        self.assertEqual(list(stats["causal_masks"]), ["kept: depends on graph inputs"])
         stock(input_ids=ids, attention_mask=attention_mask, labels=labels).loss.backward()
         assert_grads_close(self, param_grads(model), param_grads(stock), rtol=1e-4, atol=1e-5)
         # no attention_mask: transformers' causal mask is a function of sizes: dropped
@@ -222,7 +222,7 @@ torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward""")
         compiled = torch.compile(model)
         compiled(input_ids=ids, labels=ids).loss.backward()
         stats = torch_sm90_sdpa.routing_stats()
-        self.assertEqual(stats["causal_masks"], {"dropped": 4})
+        self.assertEqual(list(stats["causal_masks"]), ["dropped"])
         stock(input_ids=ids, labels=ids).loss.backward()
         assert_grads_close(self, param_grads(model), param_grads(stock), rtol=1e-4, atol=1e-5)
 
@@ -284,12 +284,14 @@ torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward""")
             Net(kind)(q, k, v, pad).sum().backward()
             for g, t in zip(grads, (q, k, v)):
                 torch.testing.assert_close(g, t.grad, rtol=1e-4, atol=1e-5)
-            outcomes[kind] = (torch_sm90_sdpa.routing_stats()["causal_masks"], recorder.seen)
+            # (the outcomes, not their counts: torch versions run the joint pass once or twice)
+            outcomes[kind] = (sorted(torch_sm90_sdpa.routing_stats()["causal_masks"]),
+                              recorder.seen)
         self.assertExpectedInline("\n".join(f"{k}: {v}" for k, v in outcomes.items()), """\
-causal: ({'dropped': 2}, [(True, False)])
-float causal: ({'dropped': 2}, [(True, False)])
-sliding window: ({'kept: not the causal mask': 2}, [(False, True)])
-padding input: ({'kept: depends on graph inputs': 2}, [(False, True)])""")
+causal: (['dropped'], [(True, False)])
+float causal: (['dropped'], [(True, False)])
+sliding window: (['kept: not the causal mask'], [(False, True)])
+padding input: (['kept: depends on graph inputs'], [(False, True)])""")
 
     def test_dynamic_sequence_length(self):
         torch.manual_seed(2)

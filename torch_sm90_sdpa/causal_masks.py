@@ -35,6 +35,8 @@ import torch
 import torch.fx
 from torch._inductor import custom_graph_pass as _cgp
 
+from .compile_pass import bind_args
+
 log = logging.getLogger("torch_sm90_sdpa")
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -69,16 +71,6 @@ _PURE_PACKETS = {
 }
 
 decision_counts: collections.Counter = collections.Counter()
-
-
-def _bind(node: torch.fx.Node) -> dict:
-    schema = node.target._schema
-    bound = {}
-    positional = [a for a in schema.arguments if not a.kwarg_only]
-    for a, v in zip(positional, node.args):
-        bound[a.name] = v
-    bound.update(node.kwargs)
-    return bound
 
 
 def _set_args(node: torch.fx.Node, **values) -> None:
@@ -182,7 +174,7 @@ def drop_causal_masks(graph: torch.fx.Graph) -> list:
     for node in graph.nodes:
         if node.op == "call_function" and node.target in SDPA_MASKED_NODES:
             name, _ = SDPA_MASKED_NODES[node.target]
-            mask = _bind(node).get(name)
+            mask = bind_args(node).get(name)
             if isinstance(mask, torch.fx.Node):
                 by_mask[mask].append(node)
     results = []
@@ -193,7 +185,7 @@ def drop_causal_masks(graph: torch.fx.Graph) -> list:
                 name, backward = SDPA_MASKED_NODES[node.target]
                 changes = {name: None, "is_causal": True}
                 if node.target is aten._scaled_dot_product_efficient_attention_backward.default:
-                    wanted = list(_bind(node).get("grad_input_mask") or [True] * 4)
+                    wanted = list(bind_args(node).get("grad_input_mask") or [True] * 4)
                     changes["grad_input_mask"] = wanted[:3] + [False]
                 _set_args(node, **changes)
         for node in users:
@@ -209,7 +201,7 @@ def drop_causal_masks(graph: torch.fx.Graph) -> list:
 def _prove(mask: torch.fx.Node, users: list) -> str:
     """'dropped' when the mask is the causal mask for every user, else why it is kept."""
     for node in users:
-        a = _bind(node)
+        a = bind_args(node)
         if a.get("is_causal") or (a.get("dropout_p") or 0.0) != 0.0:
             return "kept: is_causal or dropout already set"
         if node.target is aten._scaled_dot_product_efficient_attention_backward.default:
@@ -227,7 +219,7 @@ def _prove(mask: torch.fx.Node, users: list) -> str:
     nodes, why = _producer_subgraph(mask)
     if nodes is None:
         return f"kept: {why}"
-    q = _bind(users[0])["query"].meta["val"]
+    q = bind_args(users[0])["query"].meta["val"]
     try:
         # real tensors on the CPU: outside the fake mode Inductor's passes run under
         with _no_fake_mode():

@@ -150,8 +150,9 @@ class SdpaBackwardRewrite(_Base):
 # ---------------------------------------------------------------------------------------
 
 
-def _bind(node: torch.fx.Node) -> dict:
-    """Argument name -> value (fx Nodes or constants) from the op's schema."""
+def bind_args(node: torch.fx.Node) -> dict:
+    """Argument name -> value (fx Nodes or constants) of an aten node, from its schema
+    (defaults filled in)."""
     schema = node.target._schema
     bound = {}
     positional = [a for a in schema.arguments if not a.kwarg_only]
@@ -169,7 +170,7 @@ def _val(x):
 
 
 def _describe_node(node: torch.fx.Node, backend: str) -> tuple[policy.AttentionBackwardCall, dict]:
-    a = _bind(node)
+    a = bind_args(node)
     # SDPA hands the cuDNN and memory-efficient ops its mask as an additive bias (a bool mask
     # converted to 0 / -inf), the CPU op as attn_mask
     mask_arg = {"cpu_flash": "attn_mask", "cudnn": "attn_bias",
