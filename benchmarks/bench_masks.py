@@ -15,11 +15,11 @@ sequences). Backward only, interleaved (ours masked, cuDNN masked, ours causal, 
 """
 import argparse
 import json
-import statistics
 
 import torch
 
 import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+from bench_bwd import time_interleaved  # the interleaved CUDA-event timer (median)
 
 aten = torch.ops.aten
 
@@ -66,22 +66,6 @@ def ours_backward(q, k, v, dout, bias, causal, scale, o, lse):
     return run
 
 
-def time_interleaved(fns, reps):
-    samples = {name: [] for name in fns}
-    for fn in fns.values():  # warm up
-        fn()
-    torch.cuda.synchronize()
-    for _ in range(reps):
-        for name, fn in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            samples[name].append(start.elapsed_time(end))
-    return {name: statistics.median(t) for name, t in samples.items()}
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqs", default="2048,4096,8192,16384")
@@ -109,7 +93,7 @@ def main():
             ours_mask = ours_backward(q, k, v, dout, bias, False, scale, o_m, lse_m)
             t = time_interleaved({"ours mask": ours_mask, "cudnn mask": cudnn_mask,
                                   "ours causal": ours_causal, "cudnn causal": causal_run},
-                                 args.reps)
+                                 args.reps, warmup=1)
             row = dict(mask=kind, s=s, b=b, **t,
                        cudnn_over_ours=t["cudnn mask"] / t["ours mask"],
                        ours_mask_over_causal=t["ours mask"] / t["ours causal"])

@@ -17,7 +17,6 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import time
 
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
@@ -26,6 +25,7 @@ os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 import torch  # noqa: E402
 
 import torch_sm90_sdpa  # noqa: E402
+from bench_bwd import time_interleaved  # noqa: E402  (the interleaved CUDA-event timer)
 
 CONFIGS = {
     "d64": dict(heads=32, kv_heads=8, head_dim=64, batch=4, seq=4096),
@@ -102,19 +102,7 @@ def main():
             steps["routed"]()
         stats = torch_sm90_sdpa.routing_stats(reset=True)
         compile_s = time.time() - t0
-        for fn in steps.values():
-            fn()
-        torch.cuda.synchronize()
-        times = {k: [] for k in steps}
-        for _ in range(args.steps):
-            for k, fn in steps.items():
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                times[k].append(start.elapsed_time(end))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        med = time_interleaved(steps, args.steps, warmup=1)
         row = dict(config=name, **c, padded=args.padded, stock_ms=med["stock"],
                    routed_ms=med["routed"], speedup=med["stock"] / med["routed"],
                    routed_nodes=stats["routed_nodes"], not_routed=stats["not_routed"],

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+from torch_sm90_sdpa.reference import causal_mask  # SDPA's top-left causal mask
 
 
 def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype=torch.float64,
@@ -70,7 +71,7 @@ requires_sm90 = pytest.mark.skipif(
 # ---- attention masks: [Sq, Sk] patterns, True = attend -------------------------------------
 
 def causal_bool(sq, sk, device="cpu"):
-    return torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
+    return causal_mask(sq, sk, device)
 
 
 def sliding_window(sq, sk, window, device="cpu"):

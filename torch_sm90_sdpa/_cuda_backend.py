@@ -58,9 +58,6 @@ def _layout(C, t: Optional[Tensor]):
     return C.OperandLayout.of(t.stride(), t.data_ptr())
 
 
-MASK_KINDS = {torch.bool: 1, torch.float16: 2, torch.bfloat16: 3, torch.float32: 4}
-
-
 def mask_view(attn_mask: Tensor, q: Tensor, k: Tensor) -> Tensor:
     """attn_mask as the [B, Hq, Sq, Sk] view the kernels read (stride 0 on broadcast dims)."""
     from .reference import expand_mask
@@ -83,7 +80,7 @@ def problem_of(grad_out, q, k, v, out, lse, is_causal=False, deterministic=False
                     ("dq", dq), ("dk", dk), ("dv", dv)):
         setattr(p, name, _layout(C, t))
     if attn_mask is not None:
-        p.mask_kind = MASK_KINDS.get(attn_mask.dtype, -1)
+        p.mask_kind = _extension.MASK_KIND_CODES.get(attn_mask.dtype, -1)
         view = mask_view(attn_mask, q, k)
         p.mask = C.OperandLayout.of(view.stride(), view.data_ptr())
     return p

@@ -60,6 +60,10 @@ def _dtype_codes() -> dict:
 
 
 _CODES = _dtype_codes()
+# The codes of the kernels' MaskKind (csrc/bwd_params.h), by mask dtype: the dtypes a mask of
+# the CUDA kernels may have.
+# (Ordered bool first, then fp32: the order error messages list them in.)
+MASK_KIND_CODES = {torch.bool: 1, torch.float32: 4, torch.float16: 2, torch.bfloat16: 3}
 KERNEL_DTYPES = tuple(_TORCH_DTYPE[name] for name in _CODES)  # dtypes the kernels can have
 _CODE_BY_DTYPE = {_TORCH_DTYPE[name]: code for name, code in _CODES.items()}
 _NAME_BY_CODE = {code: name for name, code in _CODES.items()}

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from ._extension import KERNEL_DTYPES
+from ._extension import KERNEL_DTYPES, MASK_KIND_CODES
 
 # Floating dtypes the ops accept. The CUDA kernels serve KERNEL_DTYPES (fp16, bf16: the
 # generator's table); fp32 and fp64 are served by the CPU reference (a clear error on CUDA).
@@ -127,7 +127,7 @@ def check_backward_inputs(grad_out, q, k, v, out, lse, scale) -> None:
     check_scale(scale)
 
 
-MASK_DTYPES = (torch.bool, torch.float32, torch.float16, torch.bfloat16)
+MASK_DTYPES = tuple(MASK_KIND_CODES)  # bool, fp32, fp16, bf16
 
 
 def check_attn_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> None:

@@ -36,6 +36,7 @@ import torch.fx
 from torch._inductor import custom_graph_pass as _cgp
 
 from .compile_pass import bind_args
+from .reference import causal_mask
 
 log = logging.getLogger("torch_sm90_sdpa")
 aten = torch.ops.aten
@@ -154,7 +155,7 @@ def _is_causal_mask(mask: torch.Tensor, sq: int, sk: int) -> tuple[bool, str]:
     """Is `mask` (broadcastable to [..., Sq, Sk]) exactly the top-left causal mask?"""
     if mask.dim() < 2 or tuple(mask.shape[-2:]) not in ((sq, sk), (1, sk), (sq, 1), (1, 1)):
         return False, f"mask shape {tuple(mask.shape)}"
-    keep = torch.ones(sq, sk, dtype=torch.bool).tril()
+    keep = causal_mask(sq, sk, "cpu")
     for d in range(mask.dim() - 2):  # broadcast (stride-0) batch / head dims: one instance
         if mask.size(d) > 1 and mask.stride(d) == 0:
             mask = mask.narrow(d, 0, 1)

@@ -242,8 +242,7 @@ def lse_shape_ok(call: AttentionBackwardCall) -> bool:
     return same and _known(lse.size(2) == sq)
 
 
-# The codes of the kernels' MaskKind (csrc/bwd_params.h).
-MASK_KIND_CODES = {torch.bool: 1, torch.float16: 2, torch.bfloat16: 3, torch.float32: 4}
+MASK_KIND_CODES = _extension.MASK_KIND_CODES
 
 
 def _mask_view_layout(C, mask):
