@@ -41,6 +41,9 @@ struct BwdParams {
   float scale = 0.f;       // softmax scale applied to q k^T
   float scale_log2 = 0.f;  // scale * log2(e): P = exp2(S * scale_log2 - lse_log2)
   bool is_causal = false;  // SDPA top-left alignment: key j visible to query i iff j <= i
+  // Deterministic mode: the dQ tiles of an m-block (and, GQA, the dK / dV tiles of a key
+  // block) are added in a fixed order, ordered by the semaphores below; CTAs run key blocks
+  // in descending order so that each waits only on CTAs launched before it.
   bool deterministic = false;
 
   // ---- inputs: [B, H, S, D] views, element strides, last dim contiguous ----
@@ -78,6 +81,11 @@ struct BwdParams {
   // zeroed by the preprocess.
   float* dk_accum = nullptr;  // [B, Hkv, Sk_rounded, D]
   float* dv_accum = nullptr;  // [B, Hkv, Sk_rounded, Dv]
+  // Deterministic mode only, else nullptr; zeroed by run() before the main kernel:
+  //   dq_semaphore  [B, Hq, num_m_blocks]: dQ tiles already added to each m-block
+  //   dkv_semaphore [B, Hkv, num_n_blocks] (GQA only): q heads already added to each key block
+  int* dq_semaphore = nullptr;
+  int* dkv_semaphore = nullptr;
 
   // ---- outputs, in the input dtype, any strides with a contiguous last dim ----
   void* dq = nullptr;  // [B, Hq, Sq, D]

@@ -32,7 +32,6 @@ const char* const kReasonDtype = "dtype";
 const char* const kReasonDv = "Dv != D";
 const char* const kReasonHeads = "Hq not a multiple of Hkv";
 const char* const kReasonVariant = "head dim not compiled";
-const char* const kReasonDeterministic = "deterministic algorithms";
 const char* const kReasonLastDim = "last dim not contiguous";
 const char* const kReasonTooLarge = "sizes exceed the kernel's int32 indexing";
 const char* const kReasonMaskDtype = "attn_mask dtype";
@@ -250,9 +249,6 @@ Decision can_implement(const BwdProblem& p) {
                                            dtype_name(p.dtype), "; compiled: ",
                                            compiled_list()));
   }
-  if (p.deterministic) {
-    return unsupported(kReasonDeterministic, "the SM90 kernel has no deterministic mode yet");
-  }
   if (p.mask_kind < 0 || p.mask_kind > static_cast<int>(MaskKind::kFloat32)) {
     return unsupported(kReasonMaskDtype, cat("mask kind code ", p.mask_kind,
                                              "; served: bool, fp16, bf16, fp32"));
@@ -314,6 +310,16 @@ WorkspaceLayout workspace_layout(const BwdProblem& p) {
       const int64_t tiles = int64_t(mask_instances_batch(p)) * mask_instances_heads(p) *
                             ((p.seqlen_q + bm - 1) / bm) * ((p.seqlen_k + bn - 1) / bn);
       o += round_up(tiles, 16);
+    }
+  }
+  w.dq_semaphore = o;
+  w.dkv_semaphore = o;
+  if (p.deterministic) {
+    const int bm = tile_block_m(p.head_dim), bn = tile_block_n(p.head_dim);
+    if (bm > 0 && bn > 0) {
+      o += round_up(4 * int64_t(p.batch) * p.heads_q * ((p.seqlen_q + bm - 1) / bm), 16);
+      w.dkv_semaphore = o;
+      if (w.gqa) o += round_up(4 * int64_t(p.batch) * p.heads_kv * ((p.seqlen_k + bn - 1) / bn), 16);
     }
   }
   w.bytes = o;
@@ -387,6 +393,10 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   n.lse_log2 = at(w.lse_log2);
   if (p.mask_kind != 0 && base != nullptr) {
     n.tile_class = reinterpret_cast<unsigned char*>(base + w.tile_class);
+  }
+  if (p.deterministic && base != nullptr) {
+    n.dq_semaphore = reinterpret_cast<int*>(base + w.dq_semaphore);
+    if (w.gqa) n.dkv_semaphore = reinterpret_cast<int*>(base + w.dkv_semaphore);
   }
   return n;
 }
@@ -488,8 +498,9 @@ void run(const BwdParams& params, cudaStream_t stream) {
                              : ": dk_accum / dv_accum must be null when heads_q == heads_kv "
                                "(the main kernel writes dk and dv directly)"));
   }
-  if (p0.deterministic) {
-    fail_value(cat(what, ": the SM90 kernel has no deterministic mode yet"));
+  if (p0.deterministic && (p0.dq_semaphore == nullptr || (gqa && p0.dkv_semaphore == nullptr))) {
+    fail_value(cat(what, ": deterministic mode needs the dq_semaphore (and, GQA, dkv_semaphore) "
+                         "workspaces (fill them with make_params)"));
   }
   if (p0.mask_kind != MaskKind::kNone) {
     require_ptr(p0.mask, "mask", what);
@@ -529,6 +540,20 @@ void run(const BwdParams& params, cudaStream_t stream) {
   if (p.mask_kind != MaskKind::kNone) {
     run_mask_classify(p, stream);
     check_launch("mask classification kernel");
+  }
+  if (p.deterministic) {  // every turn starts at 0
+    auto zero = [&](int* ptr, int64_t count, const char* name) {
+      const cudaError_t err = cudaMemsetAsync(ptr, 0, 4 * count, stream);
+      if (err != cudaSuccess) {
+        fail_runtime(cat("cudaMemsetAsync(", name, ") failed: ", cudaGetErrorString(err)));
+      }
+    };
+    const int bm = tile_block_m(p.head_dim), bn = tile_block_n(p.head_dim);
+    zero(p.dq_semaphore, int64_t(p.batch) * p.heads_q * ((p.seqlen_q + bm - 1) / bm), "dq_semaphore");
+    if (gqa) {
+      zero(p.dkv_semaphore, int64_t(p.batch) * p.heads_kv * ((p.seqlen_k + bn - 1) / bn),
+           "dkv_semaphore");
+    }
   }
   dispatch_main(p, stream);
   check_launch("main backward kernel");

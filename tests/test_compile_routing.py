@@ -522,7 +522,7 @@ class TestSwitch(unittest.TestCase):
             self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite().uuid())
         with mock.patch.object(torch, "__version__", "9.9.9"):
             self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite().uuid())
-        with mock.patch.object(policy, "CUDA_DETERMINISTIC_SUPPORTED", True):
+        with mock.patch.object(policy, "CUDA_DETERMINISTIC_SUPPORTED", False):
             self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite().uuid())
         with mock.patch.object(policy, "device_capability", lambda dev: (7, 5)), \
                 mock.patch.object(torch.cuda, "is_available", lambda: True), \
@@ -802,12 +802,20 @@ aten.slice.Tensor
 torch_sm90_sdpa.sdpa_backward""")
 
     def test_deterministic(self):
+        """Under deterministic algorithms the node is routed and the op is told so (its
+        deterministic argument), at compile time."""
         gm, _ = trace_backward("flash")
         torch.use_deterministic_algorithms(True)
         try:
-            self.assertEqual(self.rewrite(gm), [("flash", policy.R_DETERMINISTIC)])
+            self.assertEqual(self.rewrite(gm), [("flash", "routed")])
         finally:
             torch.use_deterministic_algorithms(False)
+        (node,) = [n for n in gm.graph.nodes if n.target is compile_pass.OUR_OP]
+        self.assertIs(node.args[8], True)
+        gm, _ = trace_backward("flash")
+        self.rewrite(gm)
+        (node,) = [n for n in gm.graph.nodes if n.target is compile_pass.OUR_OP]
+        self.assertIs(node.args[8], False)
 
     def test_cpu_node_needs_the_cpu_route(self):
         def fn(q):
@@ -845,6 +853,8 @@ class TestPolicy(unittest.TestCase):
     def test_eligible(self):
         for backend in policy.CUDA_BACKENDS:
             self.assertTrue(_decide_eligible(self.call(backend=backend)), backend)
+            self.assertTrue(_decide_eligible(self.call(backend=backend, deterministic=True)),
+                            backend)
 
     def test_reasons(self):
         col_major = policy.TensorSpec((2, 4, 33, D), torch.bfloat16, "cuda:0",
@@ -861,7 +871,6 @@ class TestPolicy(unittest.TestCase):
             (self.call(mask=policy.TensorSpec((2, 1, 33, 33), torch.bool, "cuda:0"),
                        mask_needs_grad=True), policy.R_MASK_GRAD),
             (self.call(nested=True), policy.R_NESTED),
-            (self.call(deterministic=True), policy.R_DETERMINISTIC),
             (self.call(grad_out=col_major), policy.R_LAST_DIM),
             (self.call(backend="cpu_flash"), policy.R_CPU_ROUTE_OFF),
         ]

@@ -135,7 +135,17 @@ def assert_close_to_reference(ours, stock, ref, name):
     assert err_norm <= 2 * stock_norm + 1e-4, f"{name}: rel err {err_norm:.3e} > 2 * stock {stock_norm:.3e}"
 
 
-def run_case(B, Hq, Hkv, Sq, Sk, D, dtype, is_causal, layout="bhsd", seed=0, scale=None):
+def assert_bitwise_repeatable(first, run, repeats):
+    """`run()` gives the gradients `first` gave, bit for bit, `repeats` more times."""
+    for i in range(repeats):
+        for a, b, name in zip(first, run(), ("dq", "dk", "dv")):
+            assert torch.equal(a, b), (
+                f"{name} differs on repeat {i + 1}: max abs diff {(a.double() - b.double()).abs().max():.3e}")
+
+
+def run_case(B, Hq, Hkv, Sq, Sk, D, dtype, is_causal, layout="bhsd", seed=0, scale=None,
+             deterministic=False, repeats=19):
+    """deterministic: the kernel's deterministic mode, and `repeats` more runs bitwise equal."""
     need_variant(D, dtype)
     q, k, v, dout = make_inputs(B, Hq, Hkv, Sq, Sk, D, dtype, layout, seed)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -146,12 +156,17 @@ def run_case(B, Hq, Hkv, Sq, Sk, D, dtype, is_causal, layout="bhsd", seed=0, sca
         out, lse = stock_forward(q, k, v, is_causal, scale)
     sdq, sdk, sdv = stock_backward(q, k, v, dout, is_causal, scale)
     poison_allocator(q, k, v)
-    dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, False)
+    dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, deterministic)
     # outputs come back with the strides empty_like gives (what the stock meta functions say)
     for g, t in ((dq, q), (dk, k), (dv, v)):
         assert g.stride() == torch.empty_like(t).stride()
     for ours, st, ref, name in ((dq, sdq, rdq, "dq"), (dk, sdk, rdk, "dk"), (dv, sdv, rdv, "dv")):
         assert_close_to_reference(ours, st, ref, name)
+    if deterministic:
+        assert_bitwise_repeatable(
+            (dq, dk, dv), lambda: sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, True),
+            repeats)
+        return dq, dk, dv
     # repeated runs agree (fp32 atomics may reorder additions: rounding-level differences only)
     dq2, dk2, dv2 = sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, False)
     for a, b, name in ((dq, dq2, "dq"), (dk, dk2, "dk"), (dv, dv2, "dv")):

@@ -16,7 +16,8 @@ import torch_sm90_sdpa
 from torch_sm90_sdpa import _extension
 from conftest import (as_bias, causal_bool, documents, padding, reference_grads_fp64_masked,
                       requires_sm90, sliding_window)
-from test_cuda_backward import assert_close_to_reference, poison_allocator
+from test_cuda_backward import (assert_bitwise_repeatable, assert_close_to_reference,
+                                poison_allocator)
 
 pytestmark = [requires_sm90, pytest.mark.gpu]
 
@@ -103,7 +104,9 @@ def stock_grads(q, k, v, dout, mask, is_causal, scale):
     return grads
 
 
-def run_masked(kind, b, hq, hkv, sq, sk, d, dtype, is_causal=False, mask_dtype=None, seed=0):
+def run_masked(kind, b, hq, hkv, sq, sk, d, dtype, is_causal=False, mask_dtype=None, seed=0,
+               deterministic=False, repeats=19):
+    """deterministic: the kernel's deterministic mode, and `repeats` more runs bitwise equal."""
     need_variant(d, dtype)
     torch.manual_seed(seed)
     q = torch.randn(b, sq, hq, d, device=DEV).to(dtype).transpose(1, 2)
@@ -117,9 +120,13 @@ def run_masked(kind, b, hq, hkv, sq, sk, d, dtype, is_causal=False, mask_dtype=N
     _, rdq, rdk, rdv = reference_grads_fp64_masked(q, k, v, dout, mask, is_causal, scale)
     sdq, sdk, sdv = stock_grads(q, k, v, dout, mask, is_causal, scale)
     poison_allocator(q, k, v)
-    dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, False, mask)
+    dq, dk, dv = sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, deterministic, mask)
     for ours, st, ref, name in ((dq, sdq, rdq, "dq"), (dk, sdk, rdk, "dk"), (dv, sdv, rdv, "dv")):
         assert_close_to_reference(ours, st, ref, f"{kind} {name}")
+    if deterministic:
+        assert_bitwise_repeatable(
+            (dq, dk, dv),
+            lambda: sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, True, mask), repeats)
     return dq, dk, dv, mask
 
 

@@ -8,7 +8,10 @@
 #   host       benchmarks/host_overhead.py (host cost per op call, and its alternatives)
 #   bench      benchmarks/bench_bwd.py --quick (side-by-side backward TFLOP/s)
 #   masks      benchmarks/bench_masks.py (masked backward against the stock masked kernels)
+#   det        benchmarks/bench_deterministic.py --quick (deterministic mode against ours and stock)
 #   sanitize   compute-sanitizer memcheck + racecheck on tools/sanitize_case.py
+# TESTS (environment, optional): the pytest arguments of the tests step instead of the whole
+# suite, e.g. TESTS="-n 8 tests/test_cuda_deterministic.py".
 # Carry .whl (nvidia-cutlass, expecttest). Prints a short summary last.
 set -uo pipefail
 OUT=${1:?usage: $0 OUTDIR [STEPS]}
@@ -21,7 +24,7 @@ export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 summary=()
 
-TEST_ARGS=(-n 8 tests)
+read -r -a TEST_ARGS <<< "${TESTS:--n 8 tests}"
 has tests || TEST_ARGS=(tests/test_build.py -k build_info)  # still builds, runs a smoke test
 t0=$(date +%s)
 tools/gpu_check.sh "$OUT/check" "${TEST_ARGS[@]}" > "$OUT/gpu_check.log" 2>&1
@@ -40,6 +43,10 @@ if has masks; then
   python3 benchmarks/bench_masks.py > "$OUT/bench_masks.txt" 2>&1
   summary+=("bench_masks: exit $?")
 fi
+if has det; then
+  timeout 300 python3 benchmarks/bench_deterministic.py --quick > "$OUT/bench_deterministic.txt" 2>&1
+  summary+=("bench_deterministic: exit $?")
+fi
 if has sanitize; then
   for tool in memcheck racecheck; do
     timeout 240 compute-sanitizer --tool "$tool" python3 tools/sanitize_case.py \
@@ -51,7 +58,7 @@ fi
 echo "==== summary ===="
 cat "$OUT/check/summary.txt" 2>/dev/null | sed -n '1,40p'
 printf '%s\n' "${summary[@]}"
-for f in host_overhead.txt bench_bwd.txt bench_masks.txt; do
+for f in host_overhead.txt bench_bwd.txt bench_masks.txt bench_deterministic.txt; do
   [ -f "$OUT/$f" ] && { echo "---- $f"; tail -n 40 "$OUT/$f"; }
 done
 exit 0

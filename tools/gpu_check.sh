@@ -11,7 +11,8 @@
 # pytest runs `tests` plus the extra args (only the extra args when one of them is a path).
 # Writes into OUTDIR: build.log, nvidia-smi.txt, tests.log, junit.xml, sass_summary.txt (when
 # cuobjdump exists), summary.txt (printed last). Exits non-zero when the setup, the build or
-# the tests fail; the summary is written in every case.
+# the tests fail; the summary is written in every case. PYTEST_TIMEOUT_S (optional) bounds the
+# pytest run.
 set -uo pipefail
 
 if [ $# -lt 1 ]; then
@@ -110,7 +111,9 @@ if [ "$build_status" = "ok" ]; then
     if [ -e "${a%%::*}" ]; then targets=(); break; fi
   done
   note "pytest ${targets[*]} $*"
-  "$PY" -m pytest -v -rfEs --junitxml="$OUT/junit.xml" "${targets[@]}" "$@" 2>&1 \
+  # PYTEST_TIMEOUT_S: kill pytest after this many seconds (a hung kernel); 0 or unset: no limit
+  timeout "${PYTEST_TIMEOUT_S:-0}" "$PY" -m pytest -v -rfEs --junitxml="$OUT/junit.xml" \
+    "${targets[@]}" "$@" 2>&1 \
     | tee "$OUT/tests.log"
   rc=${PIPESTATUS[0]}
   if [ "$rc" -eq 0 ]; then

@@ -84,8 +84,9 @@ def scaled_dot_product_attention(
     attend) or an additive float mask (fp32 / fp16 / bf16) broadcastable to [B, Hq, Sq, Sk]; its
     backward skips the tiles the mask hides. Calls with dropout, a mask that requires grad or
     comes with ``is_causal=True``, other ranks, no gradient to compute, autocast on, or (on
-    CUDA) a non-SM90 device, a dtype or head dim without a compiled kernel, or deterministic
-    algorithms, fall back to the stock function. On CPU the backward is the fp32 reference: correct,
+    CUDA) a non-SM90 device or a dtype or head dim without a compiled kernel fall back to the
+    stock function. Under ``torch.use_deterministic_algorithms(True)`` the backward runs the
+    kernel's deterministic mode (bitwise-repeatable gradients). On CPU the backward is the fp32 reference: correct,
     but slower than stock (it is there for tests and for checking the route).
     """
     reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal)

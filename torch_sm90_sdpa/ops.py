@@ -310,23 +310,18 @@ def _sdpa_backward(ctx, grad_out, _grad_lse):
     if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
         # e.g. the expanded gradient of out.sum(): the kernels need a contiguous last dim.
         grad_out = grad_out.contiguous()
+    # Deterministic algorithms on at backward time (also when switched on after the forward):
+    # the kernel's deterministic mode (bitwise-repeatable gradients).
     deterministic = torch.are_deterministic_algorithms_enabled()
-    device = q.device.type
-    if device == "cuda" and deterministic:
-        # Deterministic algorithms were switched on after the forward (the drop-in hands
-        # deterministic calls to stock SDPA): the reference math is deterministic.
-        grads = attention_backward_reference(grad_out, q, k, v, out, lse, ctx.is_causal,
-                                             ctx.scale, attn_mask)
-    else:
-        _eager_backward.active = True
-        try:
-            with torch.no_grad():
-                grads = SDPA_BACKWARD(grad_out, q, k, v, out, lse, ctx.is_causal, ctx.scale,
-                                      deterministic, attn_mask)
-        finally:
-            _eager_backward.active = False
-        if device == "cuda" and _cuda_kernel == "c++":
-            _eager_cpp_calls += 1
+    _eager_backward.active = True
+    try:
+        with torch.no_grad():
+            grads = SDPA_BACKWARD(grad_out, q, k, v, out, lse, ctx.is_causal, ctx.scale,
+                                  deterministic, attn_mask)
+    finally:
+        _eager_backward.active = False
+    if q.device.type == "cuda" and _cuda_kernel == "c++":
+        _eager_cpp_calls += 1
     if torch.is_grad_enabled():  # create_graph=True
         grads = _NoDoubleBackward.apply(*grads, q, k, v, out, grad_out)
     return (*grads, None, None, None, None)

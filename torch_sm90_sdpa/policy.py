@@ -11,8 +11,8 @@ counts as not met.
 What we serve on CUDA is the kernels' contract, stated once in C++
 (``registration/bwd_device.cpp``, ``can_implement``) and asked here through ``_C`` with the
 call's metadata (:func:`kernel_decision`): an SM90 GPU, fp16 / bf16, a compiled head dim,
-Dv == D, Hq a multiple of Hkv, a contiguous last dim, no deterministic mode (until the kernel
-has one). Layouts its TMA cannot read (misaligned views, broadcast heads, padded rows) are
+Dv == D, Hq a multiple of Hkv, a contiguous last dim; under deterministic algorithms the
+kernels' deterministic mode serves the call. Layouts its TMA cannot read (misaligned views, broadcast heads, padded rows) are
 served too: the op copies those operands. The rest is about the stock node, not the kernel:
 
 * a non-nested call without dropout: 4-D q/k/v/out/grad_out, a logsumexp of the backend's
@@ -46,9 +46,10 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import _extension, _validation
 
-# The kernel has a `deterministic` flag in its params, but no deterministic dQ reduction
-# yet (its contract refuses it). Part of the routing fingerprint.
-CUDA_DETERMINISTIC_SUPPORTED = False
+# The kernels have a deterministic mode (dQ, and GQA dK / dV, added in a fixed order), so
+# calls under torch.use_deterministic_algorithms(True) are served. Part of the routing
+# fingerprint.
+CUDA_DETERMINISTIC_SUPPORTED = True
 CPU_DTYPES = _validation.SUPPORTED_DTYPES  # the CPU reference's dtypes
 
 # The stock backward ops the rewrite knows, by short name.
@@ -76,7 +77,6 @@ R_DV = "Dv != D"
 R_HEADS = "Hq not a multiple of Hkv"
 R_NOT_BUILT = "SM90 kernels not built"
 R_VARIANT = "head dim not compiled"
-R_DETERMINISTIC = "deterministic algorithms"
 R_CAUSAL_ALIGN = "causal with Sq != Sk (flash aligns bottom-right)"
 R_LAST_DIM = "last dim not contiguous"
 R_TOO_LARGE = "sizes exceed the kernel's int32 indexing"
@@ -90,7 +90,7 @@ R_SLOWER = "stock backward is faster here"
 ALL_REASONS = (
     R_CPU_ROUTE_OFF, R_DEVICE, R_NOT_SM90, R_NESTED, R_DROPOUT, R_MASK, R_MASK_GRAD, R_SHAPES,
     R_DTYPE,
-    R_HEAD_DIM_SYMBOLIC, R_DV, R_HEADS, R_NOT_BUILT, R_VARIANT, R_DETERMINISTIC,
+    R_HEAD_DIM_SYMBOLIC, R_DV, R_HEADS, R_NOT_BUILT, R_VARIANT,
     R_CAUSAL_ALIGN, R_LAST_DIM, R_TOO_LARGE, R_LSE, R_SCALE, R_OUTPUTS, R_LAYOUT, R_SLOWER,
 )
 

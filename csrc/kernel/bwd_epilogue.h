@@ -3,7 +3,8 @@
 //   MHA (Hq == Hkv): dK * scale and dV in the input dtype, TMA store into params.dk / params.dv
 //                    (arbitrary batch/head/row strides; rows >= Sk are clipped by the tensor map).
 //   GQA           : unscaled fp32 dK, dV, TMA reduce-add into dk_accum / dv_accum (summed over
-//                    the q heads of the group by every CTA of the group).
+//                    the q heads of the group by every CTA of the group). Deterministic mode:
+//                    the q heads of a group add in ascending order, ordered by dkv_semaphore.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -64,6 +65,10 @@ struct BwdEpilogue {
     float scale;
     int qhead_per_khead;
     bool gqa;
+    // deterministic GQA: [B, Hkv, num_n_blocks] turns of the key blocks' dK / dV adds, else null
+    int* dkv_semaphore;
+    int heads_kv;
+    int num_n_blocks;
   };
 
   static Params to_params(BwdParams const& p) {
@@ -71,6 +76,9 @@ struct BwdEpilogue {
     out.scale = p.scale;
     out.qhead_per_khead = p.heads_q / p.heads_kv;
     out.gqa = p.heads_q != p.heads_kv;
+    out.dkv_semaphore = (out.gqa && p.deterministic) ? p.dkv_semaphore : nullptr;
+    out.heads_kv = p.heads_kv;
+    out.num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
     if (!out.gqa) {
       out.shape_dKV = make_shape(p.seqlen_k, int32_t(kHeadDim), p.heads_kv, p.batch);
       auto mdK = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dk)), out.shape_dKV,
@@ -119,12 +127,13 @@ struct BwdEpilogue {
   }
 
   // dK (times k_scale) and dV as T into the two smem tiles, then one thread issues the two TMA
-  // copies (a store or a reduce-add, as the TMA objects say) and waits for them.
+  // copies (a store or a reduce-add, as the TMA objects say) and waits for them. With `turn`
+  // (deterministic GQA), the copies wait for the CTA's turn and pass it on once complete.
   template <class T, class SmemLayout, class TmaCopy, class FrgdKV>
   CUTE_DEVICE static void store_tiles(TmaCopy const& tma_dk, TmaCopy const& tma_dv, T* sk, T* sv,
                                       FrgdKV const& tdKrdK, FrgdKV const& tdVrdV, float k_scale,
                                       ShapeQKV const& shape, int thread_idx, int n_block, int bidh_kv,
-                                      int bidb) {
+                                      int bidb, int* turn = nullptr, int turn_value = 0) {
     write_tile<T, SmemLayout>(sk, tdKrdK, thread_idx, k_scale);
     write_tile<T, SmemLayout>(sv, tdVrdV, thread_idx, 1.f);
     cutlass::arch::fence_view_async_shared();
@@ -137,10 +146,15 @@ struct BwdEpilogue {
         auto slice = tma.get_slice(_0{});
         copy(tma, slice.partition_S(sT), slice.partition_D(gT));
       };
+      if (turn != nullptr) { wait_for_turn(turn, turn_value); }
       issue(tma_dk, sk);
       issue(tma_dv, sv);
       tma_store_arrive();
       tma_store_wait<0>();
+      if (turn != nullptr) {
+        bulk_wait_all_complete();
+        pass_turn(turn);
+      }
     }
   }
 
@@ -148,11 +162,24 @@ struct BwdEpilogue {
   template <class SharedStorage, class FrgdKV>
   CUTE_DEVICE void store(Params const& params, FrgdKV const& tdKrdK, FrgdKV const& tdVrdV, SharedStorage& ss,
                          int thread_idx, int n_block, int bidh, int bidb, bool tile_valid) {
-    if (params.gqa && !tile_valid) { return; }  // nothing to add
+    // deterministic GQA: this (batch, kv head, key block)'s turn; q head i of the group is the
+    // i-th to add
+    int const bidh_kv = bidh / params.qhead_per_khead;
+    int* turn = params.dkv_semaphore == nullptr
+                    ? nullptr
+                    : params.dkv_semaphore +
+                          (int64_t(bidb) * params.heads_kv + bidh_kv) * params.num_n_blocks + n_block;
+    int const turn_value = bidh - bidh_kv * params.qhead_per_khead;
+    if (params.gqa && !tile_valid) {  // nothing to add (but a turn to pass on)
+      if (turn != nullptr && thread_idx == 0) {
+        wait_for_turn(turn, turn_value);
+        pass_turn(turn);
+      }
+      return;
+    }
     // Every warpgroup is done with the mainloop's shared memory, which the epilogue reuses.
     named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
     auto& st = ss.tensors.epilogue;
-    int const bidh_kv = bidh / params.qhead_per_khead;
     if (!params.gqa) {  // MHA: dK * scale and dV in the input dtype, stored
       store_tiles<Element, SmemLayoutdKV>(params.tma_store_dK, params.tma_store_dV,
                                           reinterpret_cast<Element*>(st.smem_dk.data()),
@@ -161,7 +188,7 @@ struct BwdEpilogue {
     } else {  // GQA: unscaled fp32, added into the group's accumulators
       store_tiles<float, SmemLayoutdKVAccum>(params.tma_add_dK, params.tma_add_dV, st.smem_dk.data(),
                                              st.smem_dv.data(), tdKrdK, tdVrdV, 1.f, params.shape_dKV,
-                                             thread_idx, n_block, bidh_kv, bidb);
+                                             thread_idx, n_block, bidh_kv, bidb, turn, turn_value);
     }
   }
 };

@@ -236,6 +236,7 @@ struct BwdMainloop {
     int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_col_stride;
     unsigned char const* tile_class;
     int mask_batch, mask_heads, num_m_blocks, num_n_blocks;
+    int* dq_semaphore;  // deterministic mode: [B, Hq, ceil(Sq / kBlockM)], else null
   };
 
   static Params to_params(BwdParams const& p) {
@@ -280,7 +281,8 @@ struct BwdMainloop {
         p.mask_batch,
         p.mask_heads,
         p.num_m_blocks,
-        p.num_n_blocks};
+        p.num_n_blocks,
+        p.deterministic ? p.dq_semaphore : nullptr};
   }
 
   CUTE_DEVICE static void prefetch_tma_descriptors(Params const& params) {
@@ -398,6 +400,28 @@ struct BwdMainloop {
   }
 
   // ---------------- dQ-writer warp ----------------
+  // Deterministic mode: the number of key blocks that add their dQ tile to m-block m before
+  // this one. The dQ tiles of an m-block are added in descending key-block order (the order the
+  // scheduler launches them in), so these are the contributing key blocks above n_block.
+  // Called by the whole writer warp; `classes` is this CTA's row of tile classes or null.
+  CUTE_DEVICE static int dq_turn(Params const& params, unsigned char const* classes, int n_block, int m) {
+    int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
+    // key blocks whose m-block range starts at or before m (causal: m_block_range's m_min)
+    int n_end = n_blocks;
+    if (params.is_causal) { n_end = cute::min(n_end, ((m + 1) * kBlockM - 1) / kBlockN + 1); }
+    if (classes == nullptr) { return n_end - 1 - n_block; }
+    // under a mask, only the key blocks whose (m, n) tile is not empty add
+    int const lane = int(threadIdx.x) % cutlass::NumThreadsPerWarp;
+    int count = 0;
+    for (int n0 = n_block + 1; n0 < n_end; n0 += cutlass::NumThreadsPerWarp) {
+      int const n = n0 + lane;
+      bool const adds =
+          n < n_end && classes[int64_t(n - n_block) * params.num_m_blocks + m] != kTileEmpty;
+      count += __popc(__ballot_sync(0xffffffffu, adds));
+    }
+    return count;
+  }
+
   template <class SharedStorage>
   CUTE_DEVICE void store_dq(Params const& params, SharedStorage& ss, int n_block, int bidh, int bidb) {
     auto [m_min, m_max] = m_block_range(params, n_block);
@@ -411,8 +435,17 @@ struct BwdMainloop {
     Tensor tdQsdQ = tma.partition_S(sdQ);  // (TMA, TMA_M, TMA_N)
     Tensor tdQgdQ = tma.partition_D(gdQ);  // (TMA, TMA_M, TMA_N, m, slice)
     bool const leader = cute::elect_one_sync();
+    // deterministic mode: this head's row of dQ semaphores, one per m-block
+    int* sem = params.dq_semaphore == nullptr
+                   ? nullptr
+                   : params.dq_semaphore + (int64_t(bidb) * params.num_heads_q + bidh) * m_max;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int m = m_first; m < m_max; m = next_m_block(classes, m + 1, m_max)) {
+      if (sem != nullptr) {
+        // waits while the MMA warps still compute this m-block's dQ
+        int const turn = dq_turn(params, classes, n_block, m);
+        if (leader) { wait_for_turn(sem + m, turn); }
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kdQSlices; ++s) {
         named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
@@ -424,6 +457,11 @@ struct BwdMainloop {
         __syncwarp();
         named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
       }
+      if (sem != nullptr && leader) {
+        bulk_wait_all_complete();  // the adds have landed, not only been read from smem
+        pass_turn(sem + m);
+      }
+      __syncwarp();
     }
   }
 

@@ -28,6 +28,30 @@ CUTE_DEVICE void named_arrive(int num_threads, BwdBarrier id) {
   cutlass::arch::NamedBarrier::arrive(num_threads, static_cast<uint32_t>(id));
 }
 
+// ---- deterministic mode: ordering the CTAs' reduce-adds through global-memory semaphores ----
+// One thread per CTA uses these: wait for its turn, issue its TMA reduce-add, wait for the
+// reduce to complete (not only for its shared-memory read), then pass the turn on.
+
+// Spins until *flag == value (acquire, GPU scope), then orders this thread's later TMA
+// (async-proxy) operations after the acquire.
+CUTE_DEVICE void wait_for_turn(int const* flag, int value) {
+  int seen;
+  do {
+    asm volatile("ld.global.acquire.gpu.b32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+  } while (seen != value);
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// Waits until every bulk async-group of this thread has completed, writes included.
+CUTE_DEVICE void bulk_wait_all_complete() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// Makes this thread's completed TMA writes visible to the next waiter and passes the turn on
+// (*flag += 1, release, GPU scope).
+CUTE_DEVICE void pass_turn(int* flag) {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(flag) : "memory");
+}
+
 // Hides a pointer's value from the optimizer, so that values derived from it (GMMA smem
 // descriptors of loop-invariant operands) are recomputed where used instead of being hoisted
 // out of the m-block loop and kept in (or spilled from) registers.

@@ -1,0 +1,109 @@
+"""Deterministic attention backward: ours (deterministic mode) next to ours (default mode) and the
+stock deterministic backward (what SDPA runs under torch.use_deterministic_algorithms(True) on
+Hopper: FlashAttention-2's deterministic kernel; the memory-efficient one where flash refuses).
+
+Same grid and method as bench_bwd.py: bf16, b = 16384 / s, h = 2048 / d, interleaved, median of
+the repeats, backward only (ours through torch.ops.torch_sm90_sdpa.sdpa_backward with
+deterministic=True / False). Each row also checks that two deterministic runs of ours are
+bitwise identical ("repeat: ok").
+
+    python benchmarks/bench_deterministic.py [--quick] [--dims 64,128,256] [--seqs 2048,8192]
+"""
+import argparse
+import math
+import sys
+
+import torch
+
+import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+from bench_bwd import backend_efficient, backend_flash, make, time_interleaved
+
+
+def ours(q, k, v, dout, causal, scale, deterministic):
+    o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, q.shape[1] != k.shape[1])
+    op = torch.ops.torch_sm90_sdpa.sdpa_backward
+
+    def run():
+        return op(dout, q, k, v, o, lse, causal, scale, deterministic)
+    return run
+
+
+def under_deterministic(fn):
+    """fn run with torch's deterministic algorithms on (the stock kernels read the flag)."""
+    def run():
+        torch.use_deterministic_algorithms(True)
+        try:
+            return fn()
+        finally:
+            torch.use_deterministic_algorithms(False)
+    return run
+
+
+def run_row(label, b, hq, hkv, s, d, causal, reps):
+    q, k, v, dout = make(b, hq, hkv, s, d, torch.bfloat16)
+    scale = 1.0 / math.sqrt(d)
+    fns, notes = {}, []
+    fns["ours-det"] = ours(q, k, v, dout, causal, scale, True)
+    fns["ours"] = ours(q, k, v, dout, causal, scale, False)
+    for name, make_fn in (("flash-det", backend_flash), ("efficient-det", backend_efficient)):
+        try:
+            fn = under_deterministic(make_fn(q, k, v, dout, causal, scale))
+            fn()
+            fns[name] = fn
+            break  # SDPA's order: flash first, memory-efficient where flash refuses
+        except Exception as exc:
+            notes.append(f"{name}: {type(exc).__name__}")
+    first, second = fns["ours-det"](), fns["ours-det"]()
+    same = all(torch.equal(x, y) for x, y in zip(first, second))
+    fast = fns["ours"]()
+    rel = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(first, fast))
+    notes.append(f"repeat: {'ok' if same else 'DIFFERS'}, vs default mode {rel:.1e}")
+    ms = time_interleaved(fns, reps)
+    flops = 2.5 * 4 * b * hq * s * s * d / (2 if causal else 1)
+    tf = {n: flops / (t * 1e-3) / 1e12 for n, t in ms.items()}
+    stock = next((tf[n] for n in ("flash-det", "efficient-det") if n in tf), float("nan"))
+    own = tf["ours-det"] / tf["ours"]
+    vs_stock = tf["ours-det"] / stock
+    print(f"{label:38s} {tf['ours-det']:8.0f} {tf['ours']:6.0f} {stock:9.0f}   {own:5.2f} {vs_stock:8.2f}"
+          f"   {'; '.join(notes)}", flush=True)
+    del q, k, v, dout, fns
+    torch.cuda.empty_cache()
+    return own, vs_stock, same
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--quick", action="store_true", help="s = 1k, 4k, 16k only, 5 repeats")
+    ap.add_argument("--no-gqa", action="store_true")
+    a = ap.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("needs an SM90 GPU")
+        return 1
+    dims = [int(x) for x in a.dims.split(",")]
+    seqs = [1024, 4096, 16384] if a.quick else [int(x) for x in a.seqs.split(",")]
+    reps = 5 if a.quick else a.reps
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s, median of {reps}, "
+          "interleaved; bf16, b = 16384/s, h = 2048/d")
+    print(f"{'row':38s} {'ours-det':>8s} {'ours':>6s} {'stock-det':>9s}   {'det/own':>7s} {'det/stock':>8s}")
+    rows = []
+    for d in dims:
+        for causal in (False, True):
+            for s in seqs:
+                b, h = max(1, 16384 // s), 2048 // d
+                rows.append(run_row(f"d={d} {'causal' if causal else 'full  '} s={s:<5d} b={b} h={h}",
+                                    b, h, h, s, d, causal, reps))
+    if not a.no_gqa:
+        rows.append(run_row("GQA d=128 causal s=8192 32q/8kv b=2", 2, 32, 8, 8192, 128, True, reps))
+        rows.append(run_row("GQA d=128 causal s=8192 8q/1kv b=2", 2, 8, 1, 8192, 128, True, reps))
+    own = [r[0] for r in rows]
+    print(f"deterministic / own default mode: min {min(own):.2f}, geometric mean "
+          f"{math.exp(sum(map(math.log, own)) / len(own)):.3f} over {len(own)} rows; "
+          f"bitwise repeatable on {sum(r[2] for r in rows)} of {len(rows)} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
