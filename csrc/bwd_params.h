@@ -41,9 +41,9 @@ struct BwdParams {
   float scale = 0.f;       // softmax scale applied to q k^T
   float scale_log2 = 0.f;  // scale * log2(e): P = exp2(S * scale_log2 - lse_log2)
   bool is_causal = false;  // SDPA top-left alignment: key j visible to query i iff j <= i
-  // Deterministic mode: the dQ tiles of an m-block (and, GQA, the dK / dV tiles of a key
-  // block) are added in a fixed order, ordered by the semaphores below; CTAs run key blocks
-  // in descending order so that each waits only on CTAs launched before it.
+  // Deterministic mode: the dQ tiles of an m-block are added in a fixed order, ordered by
+  // dq_semaphore (CTAs run key blocks in descending order, so that each waits only on CTAs
+  // launched before it); GQA dK / dV are kept per q head and summed by the postprocess.
   bool deterministic = false;
 
   // ---- inputs: [B, H, S, D] views, element strides, last dim contiguous ----
@@ -77,15 +77,15 @@ struct BwdParams {
   float* dpsum = nullptr;      // [B, Hq, Sq_rounded]    rowsum(dO * O) per row; 0 in padding
   float* lse_log2 = nullptr;  // [B, Hq, Sq_rounded]     lse * log2(e); +inf in padding
   float* dq_accum = nullptr;  // [B, Hq, Sq_rounded, D]  unscaled dQ, zeroed by the preprocess
-  // GQA only (Hq != Hkv), else nullptr: unscaled dK and dV summed over each group,
-  // zeroed by the preprocess.
-  float* dk_accum = nullptr;  // [B, Hkv, Sk_rounded, D]
-  float* dv_accum = nullptr;  // [B, Hkv, Sk_rounded, Dv]
+  // GQA only (Hq != Hkv), else nullptr: unscaled dK and dV. Default mode: [B, Hkv, Sk_rounded,
+  // D / Dv], summed over each group by reduce-adds into buffers the preprocess zeroed.
+  // Deterministic mode: [B, Hq, Sk_rounded, D / Dv], one tile per q head, stored (every tile,
+  // zeros included); the postprocess sums each group in q-head order.
+  float* dk_accum = nullptr;
+  float* dv_accum = nullptr;
   // Deterministic mode only, else nullptr; zeroed by run() before the main kernel:
-  //   dq_semaphore  [B, Hq, num_m_blocks]: dQ tiles already added to each m-block
-  //   dkv_semaphore [B, Hkv, num_n_blocks] (GQA only): q heads already added to each key block
+  // [B, Hq, num_m_blocks], the number of dQ tiles already added to each m-block.
   int* dq_semaphore = nullptr;
-  int* dkv_semaphore = nullptr;
 
   // ---- outputs, in the input dtype, any strides with a contiguous last dim ----
   void* dq = nullptr;  // [B, Hq, Sq, D]

@@ -174,10 +174,11 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreArgs 
 // ---- postprocess --------------------------------------------------------------------------
 
 struct PostJob {
-  const float* acc;  // [B, H, S_rounded, D] contiguous
+  const float* acc;  // [B, H * sum_heads, S_rounded, D] contiguous
   void* out;         // [B, H, S, D] with the strides below, last dim contiguous
   int64_t sb, sh, sr;
   int heads, seqlen, seqlen_rounded, dim;
+  int sum_heads;  // accumulator heads summed (in order) into each output head: 1, or the GQA group
   float factor;
   int vec;         // 16-byte path allowed
   int group_log2;  // threads per row
@@ -198,14 +199,21 @@ __global__ void __launch_bounds__(kThreads) bwd_postprocess_kernel(const PostArg
   for (int64_t row = tid >> j.group_log2; row < j.rows; row += num_groups) {
     const int64_t s = row % j.seqlen, bh = row / j.seqlen;
     const int64_t h = bh % j.heads, b = bh / j.heads;
-    const float* src = j.acc + (bh * j.seqlen_rounded + s) * j.dim;
+    const float* src = j.acc + (bh * j.sum_heads * j.seqlen_rounded + s) * j.dim;
+    const int64_t head_step = int64_t(j.seqlen_rounded) * j.dim;  // between summed heads
     T* dst = static_cast<T*>(j.out) + b * j.sb + h * j.sh + s * j.sr;
     if (j.vec) {
       const float4* src4 = reinterpret_cast<const float4*>(src);
       uint4* dst4 = reinterpret_cast<uint4*>(dst);
       for (int c = lane; c < j.dim / 8; c += group) {
-        const float4 x0 = __ldcs(src4 + 2 * c);  // read once: streaming
-        const float4 x1 = __ldcs(src4 + 2 * c + 1);
+        float4 x0 = __ldcs(src4 + 2 * c);  // read once: streaming
+        float4 x1 = __ldcs(src4 + 2 * c + 1);
+        for (int g = 1; g < j.sum_heads; ++g) {  // a fixed order: bitwise repeatable
+          const float4* more = reinterpret_cast<const float4*>(src + g * head_step);
+          const float4 y0 = __ldcs(more + 2 * c), y1 = __ldcs(more + 2 * c + 1);
+          x0 = make_float4(x0.x + y0.x, x0.y + y0.y, x0.z + y0.z, x0.w + y0.w);
+          x1 = make_float4(x1.x + y1.x, x1.y + y1.y, x1.z + y1.z, x1.w + y1.w);
+        }
         uint4 y;
         using V2 = typename Vec2<T>::type;
         V2* py = reinterpret_cast<V2*>(&y);
@@ -216,7 +224,11 @@ __global__ void __launch_bounds__(kThreads) bwd_postprocess_kernel(const PostArg
         dst4[c] = y;
       }
     } else {
-      for (int c = lane; c < j.dim; c += group) dst[c] = from_float<T>(src[c] * j.factor);
+      for (int c = lane; c < j.dim; c += group) {
+        float x = src[c];
+        for (int g = 1; g < j.sum_heads; ++g) x += src[g * head_step + c];
+        dst[c] = from_float<T>(x * j.factor);
+      }
     }
   }
 }
@@ -298,7 +310,8 @@ void run_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   a.head_dim = p.head_dim;
   a.head_dim_v = p.head_dim_v;
   a.rows_q = bh_q * p.seqlen_q_rounded;
-  a.rows_kv = (p.dk_accum != nullptr && p.dv_accum != nullptr)
+  // (deterministic GQA stores every per-q-head tile: nothing to zero)
+  a.rows_kv = (p.dk_accum != nullptr && p.dv_accum != nullptr && !p.deterministic)
                   ? int64_t(p.batch) * p.heads_kv * p.seqlen_k_rounded
                   : 0;
   if (a.rows_q + a.rows_kv <= 0) return;
@@ -325,7 +338,7 @@ void run_bwd_postprocess(const BwdParams& p, cudaStream_t stream) {
   PostArgs a{};
   int num_jobs = 0;
   auto add_job = [&](const float* acc, void* out, int64_t sb, int64_t sh, int64_t sr, int heads,
-                     int seqlen, int seqlen_rounded, int dim, float factor) {
+                     int seqlen, int seqlen_rounded, int dim, float factor, int sum_heads) {
     PostJob& j = a.job[num_jobs];
     j.acc = acc;
     j.out = out;
@@ -337,6 +350,7 @@ void run_bwd_postprocess(const BwdParams& p, cudaStream_t stream) {
     j.seqlen_rounded = seqlen_rounded;
     j.dim = dim;
     j.factor = factor;
+    j.sum_heads = sum_heads;
     j.rows = int64_t(p.batch) * heads * seqlen;
     j.vec = dim % 8 == 0 && aligned16(acc) && aligned16(out) &&
             strides_aligned16(2, sb, p.batch, sh, heads, sr, seqlen);
@@ -344,12 +358,14 @@ void run_bwd_postprocess(const BwdParams& p, cudaStream_t stream) {
     if (j.rows > 0 && dim > 0) ++num_jobs;
   };
   add_job(p.dq_accum, p.dq, p.dq_batch_stride, p.dq_head_stride, p.dq_row_stride, p.heads_q,
-          p.seqlen_q, p.seqlen_q_rounded, p.head_dim, p.scale);
+          p.seqlen_q, p.seqlen_q_rounded, p.head_dim, p.scale, 1);
   if (p.dk_accum != nullptr) {
+    // deterministic GQA: the q heads' tiles of each group, summed here in q-head order
+    const int group = p.deterministic ? p.heads_q / p.heads_kv : 1;
     add_job(p.dk_accum, p.dk, p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride, p.heads_kv,
-            p.seqlen_k, p.seqlen_k_rounded, p.head_dim, p.scale);
+            p.seqlen_k, p.seqlen_k_rounded, p.head_dim, p.scale, group);
     add_job(p.dv_accum, p.dv, p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride, p.heads_kv,
-            p.seqlen_k, p.seqlen_k_rounded, p.head_dim_v, 1.0f);
+            p.seqlen_k, p.seqlen_k_rounded, p.head_dim_v, 1.0f, group);
   }
   if (num_jobs == 0) return;
   unsigned grid = 1;

@@ -288,8 +288,10 @@ WorkspaceLayout workspace_layout(const BwdProblem& p) {
   w.gqa = p.heads_q != p.heads_kv;
   const int64_t sq_r = round_up(p.seqlen_q, kSeqRound), sk_r = round_up(p.seqlen_k, kSeqRound);
   const int64_t n_dq = int64_t(p.batch) * p.heads_q * sq_r * p.head_dim;
-  const int64_t n_dk = w.gqa ? int64_t(p.batch) * p.heads_kv * sk_r * p.head_dim : 0;
-  const int64_t n_dv = w.gqa ? int64_t(p.batch) * p.heads_kv * sk_r * p.head_dim_v : 0;
+  // deterministic GQA keeps one dK / dV tile per q head (summed by the postprocess)
+  const int64_t kv_heads = p.deterministic ? p.heads_q : p.heads_kv;
+  const int64_t n_dk = w.gqa ? int64_t(p.batch) * kv_heads * sk_r * p.head_dim : 0;
+  const int64_t n_dv = w.gqa ? int64_t(p.batch) * kv_heads * sk_r * p.head_dim_v : 0;
   const int64_t n_row = int64_t(p.batch) * p.heads_q * sq_r;
   // every piece is a multiple of kSeqRound floats (512 bytes): all offsets stay 16-byte aligned
   int64_t o = 0;
@@ -313,14 +315,9 @@ WorkspaceLayout workspace_layout(const BwdProblem& p) {
     }
   }
   w.dq_semaphore = o;
-  w.dkv_semaphore = o;
   if (p.deterministic) {
-    const int bm = tile_block_m(p.head_dim), bn = tile_block_n(p.head_dim);
-    if (bm > 0 && bn > 0) {
-      o += round_up(4 * int64_t(p.batch) * p.heads_q * ((p.seqlen_q + bm - 1) / bm), 16);
-      w.dkv_semaphore = o;
-      if (w.gqa) o += round_up(4 * int64_t(p.batch) * p.heads_kv * ((p.seqlen_k + bn - 1) / bn), 16);
-    }
+    const int bm = tile_block_m(p.head_dim);
+    if (bm > 0) o += round_up(4 * int64_t(p.batch) * p.heads_q * ((p.seqlen_q + bm - 1) / bm), 16);
   }
   w.bytes = o;
   return w;
@@ -396,7 +393,6 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   }
   if (p.deterministic && base != nullptr) {
     n.dq_semaphore = reinterpret_cast<int*>(base + w.dq_semaphore);
-    if (w.gqa) n.dkv_semaphore = reinterpret_cast<int*>(base + w.dkv_semaphore);
   }
   return n;
 }
@@ -498,9 +494,9 @@ void run(const BwdParams& params, cudaStream_t stream) {
                              : ": dk_accum / dv_accum must be null when heads_q == heads_kv "
                                "(the main kernel writes dk and dv directly)"));
   }
-  if (p0.deterministic && (p0.dq_semaphore == nullptr || (gqa && p0.dkv_semaphore == nullptr))) {
-    fail_value(cat(what, ": deterministic mode needs the dq_semaphore (and, GQA, dkv_semaphore) "
-                         "workspaces (fill them with make_params)"));
+  if (p0.deterministic && p0.dq_semaphore == nullptr) {
+    fail_value(cat(what, ": deterministic mode needs the dq_semaphore workspace (fill it with "
+                         "make_params)"));
   }
   if (p0.mask_kind != MaskKind::kNone) {
     require_ptr(p0.mask, "mask", what);
@@ -541,18 +537,12 @@ void run(const BwdParams& params, cudaStream_t stream) {
     run_mask_classify(p, stream);
     check_launch("mask classification kernel");
   }
-  if (p.deterministic) {  // every turn starts at 0
-    auto zero = [&](int* ptr, int64_t count, const char* name) {
-      const cudaError_t err = cudaMemsetAsync(ptr, 0, 4 * count, stream);
-      if (err != cudaSuccess) {
-        fail_runtime(cat("cudaMemsetAsync(", name, ") failed: ", cudaGetErrorString(err)));
-      }
-    };
-    const int bm = tile_block_m(p.head_dim), bn = tile_block_n(p.head_dim);
-    zero(p.dq_semaphore, int64_t(p.batch) * p.heads_q * ((p.seqlen_q + bm - 1) / bm), "dq_semaphore");
-    if (gqa) {
-      zero(p.dkv_semaphore, int64_t(p.batch) * p.heads_kv * ((p.seqlen_k + bn - 1) / bn),
-           "dkv_semaphore");
+  if (p.deterministic) {  // every m-block's count of added dQ tiles starts at 0
+    const int bm = tile_block_m(p.head_dim);
+    const int64_t count = int64_t(p.batch) * p.heads_q * ((p.seqlen_q + bm - 1) / bm);
+    const cudaError_t err = cudaMemsetAsync(p.dq_semaphore, 0, 4 * count, stream);
+    if (err != cudaSuccess) {
+      fail_runtime(cat("cudaMemsetAsync(dq_semaphore) failed: ", cudaGetErrorString(err)));
     }
   }
   dispatch_main(p, stream);

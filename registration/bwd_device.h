@@ -86,13 +86,13 @@ bool tma_addressable(const OperandLayout& layout, int elem_bytes, int batch, int
 
 // The workspaces, as byte offsets into one allocation of `bytes` (16-byte aligned pieces):
 //   fp32 dq_accum [B, Hq, Sq_rounded, D], dk_accum [B, Hkv, Sk_rounded, D] and dv_accum
-//   [B, Hkv, Sk_rounded, Dv] (GQA only, else size 0), dpsum and lse_log2 [B, Hq, Sq_rounded];
-//   with a mask, the tile classes (bytes) [mask_batch, mask_heads, n_blocks, m_blocks];
-//   deterministic, the int32 turn semaphores dq_semaphore [B, Hq, m_blocks] and (GQA)
-//   dkv_semaphore [B, Hkv, n_blocks] (run() zeroes them).
+//   [B, Hkv, Sk_rounded, Dv] (GQA only, else size 0; deterministic GQA: Hq heads, one tile per
+//   q head), dpsum and lse_log2 [B, Hq, Sq_rounded]; with a mask, the tile classes (bytes)
+//   [mask_batch, mask_heads, n_blocks, m_blocks]; deterministic, the int32 turn semaphores
+//   dq_semaphore [B, Hq, m_blocks] (run() zeroes them).
 struct WorkspaceLayout {
   int64_t dq_accum = 0, dk_accum = 0, dv_accum = 0, dpsum = 0, lse_log2 = 0, tile_class = 0;
-  int64_t dq_semaphore = 0, dkv_semaphore = 0;
+  int64_t dq_semaphore = 0;
   int64_t bytes = 0;
   bool gqa = false;
 };

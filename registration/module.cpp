@@ -270,7 +270,6 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("lse_log2", &dev::WorkspaceLayout::lse_log2)
       .def_readonly("tile_class", &dev::WorkspaceLayout::tile_class)
       .def_readonly("dq_semaphore", &dev::WorkspaceLayout::dq_semaphore)
-      .def_readonly("dkv_semaphore", &dev::WorkspaceLayout::dkv_semaphore)
       .def_readonly("bytes", &dev::WorkspaceLayout::bytes)
       .def_readonly("gqa", &dev::WorkspaceLayout::gqa);
   m.def("workspace_layout", &dev::workspace_layout, py::arg("problem"));
@@ -324,7 +323,6 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("mask_kind", [](const BwdParams& p) { return static_cast<int>(p.mask_kind); })
       .def_property_readonly("tile_class", [](const BwdParams& p) { return ptr_to_int(p.tile_class); })
       .def_property_readonly("dq_semaphore", [](const BwdParams& p) { return ptr_to_int(p.dq_semaphore); })
-      .def_property_readonly("dkv_semaphore", [](const BwdParams& p) { return ptr_to_int(p.dkv_semaphore); })
       .def_readonly("mask_batch", &BwdParams::mask_batch)
       .def_readonly("mask_heads", &BwdParams::mask_heads)
       .def_readonly("num_m_blocks", &BwdParams::num_m_blocks)

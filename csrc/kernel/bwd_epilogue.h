@@ -4,7 +4,8 @@
 //                    (arbitrary batch/head/row strides; rows >= Sk are clipped by the tensor map).
 //   GQA           : unscaled fp32 dK, dV, TMA reduce-add into dk_accum / dv_accum (summed over
 //                    the q heads of the group by every CTA of the group). Deterministic mode:
-//                    the q heads of a group add in ascending order, ordered by dkv_semaphore.
+//                    TMA store into this q head's tile of dk_accum / dv_accum ([B, Hq, ...]);
+//                    the postprocess sums the group in a fixed order.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -55,20 +56,22 @@ struct BwdEpilogue {
   using TMA_dKVAccum = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<ElementAccum*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       SmemLayoutdKVAccum{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TMA_dKVAccumStore = decltype(make_tma_copy(
+      SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<ElementAccum*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutdKVAccum{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
 
   struct Params {
-    ShapeQKV shape_dKV;  // MHA: (Sk, D, Hkv, B); GQA: (Sk_rounded, D, Hkv, B)
+    ShapeQKV shape_dKV;  // MHA: (Sk, D, Hkv, B); GQA: (Sk_rounded, D, Hkv or, deterministic, Hq, B)
     TMA_dKV tma_store_dK;
     TMA_dKV tma_store_dV;
     TMA_dKVAccum tma_add_dK;
     TMA_dKVAccum tma_add_dV;
+    TMA_dKVAccumStore tma_store_dK_per_qhead;  // deterministic GQA
+    TMA_dKVAccumStore tma_store_dV_per_qhead;
     float scale;
     int qhead_per_khead;
     bool gqa;
-    // deterministic GQA: [B, Hkv, num_n_blocks] turns of the key blocks' dK / dV adds, else null
-    int* dkv_semaphore;
-    int heads_kv;
-    int num_n_blocks;
+    bool per_qhead;  // deterministic GQA: one fp32 tile per q head, stored
   };
 
   static Params to_params(BwdParams const& p) {
@@ -76,9 +79,7 @@ struct BwdEpilogue {
     out.scale = p.scale;
     out.qhead_per_khead = p.heads_q / p.heads_kv;
     out.gqa = p.heads_q != p.heads_kv;
-    out.dkv_semaphore = (out.gqa && p.deterministic) ? p.dkv_semaphore : nullptr;
-    out.heads_kv = p.heads_kv;
-    out.num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+    out.per_qhead = out.gqa && p.deterministic;
     if (!out.gqa) {
       out.shape_dKV = make_shape(p.seqlen_k, int32_t(kHeadDim), p.heads_kv, p.batch);
       auto mdK = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dk)), out.shape_dKV,
@@ -88,13 +89,20 @@ struct BwdEpilogue {
       out.tma_store_dK = make_tma_copy(SM90_TMA_STORE{}, mdK, SmemLayoutdKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
       out.tma_store_dV = make_tma_copy(SM90_TMA_STORE{}, mdV, SmemLayoutdKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
     } else {
-      out.shape_dKV = make_shape(p.seqlen_k_rounded, int32_t(kHeadDim), p.heads_kv, p.batch);
+      int const heads = out.per_qhead ? p.heads_q : p.heads_kv;
+      out.shape_dKV = make_shape(p.seqlen_k_rounded, int32_t(kHeadDim), heads, p.batch);
       int64_t const hs = int64_t(p.seqlen_k_rounded) * kHeadDim;
-      auto stride = make_stride(int64_t(kHeadDim), _1{}, hs, hs * p.heads_kv);
+      auto stride = make_stride(int64_t(kHeadDim), _1{}, hs, hs * heads);
       auto mdK = make_tensor(make_gmem_ptr(p.dk_accum), out.shape_dKV, stride);
       auto mdV = make_tensor(make_gmem_ptr(p.dv_accum), out.shape_dKV, stride);
-      out.tma_add_dK = make_tma_copy(SM90_TMA_REDUCE_ADD{}, mdK, SmemLayoutdKVAccum{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
-      out.tma_add_dV = make_tma_copy(SM90_TMA_REDUCE_ADD{}, mdV, SmemLayoutdKVAccum{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+      auto tile = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+      if (out.per_qhead) {
+        out.tma_store_dK_per_qhead = make_tma_copy(SM90_TMA_STORE{}, mdK, SmemLayoutdKVAccum{}, tile, _1{});
+        out.tma_store_dV_per_qhead = make_tma_copy(SM90_TMA_STORE{}, mdV, SmemLayoutdKVAccum{}, tile, _1{});
+      } else {
+        out.tma_add_dK = make_tma_copy(SM90_TMA_REDUCE_ADD{}, mdK, SmemLayoutdKVAccum{}, tile, _1{});
+        out.tma_add_dV = make_tma_copy(SM90_TMA_REDUCE_ADD{}, mdV, SmemLayoutdKVAccum{}, tile, _1{});
+      }
     }
     return out;
   }
@@ -103,6 +111,9 @@ struct BwdEpilogue {
     if (!params.gqa) {
       cute::prefetch_tma_descriptor(params.tma_store_dK.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_store_dV.get_tma_descriptor());
+    } else if (params.per_qhead) {
+      cute::prefetch_tma_descriptor(params.tma_store_dK_per_qhead.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_store_dV_per_qhead.get_tma_descriptor());
     } else {
       cute::prefetch_tma_descriptor(params.tma_add_dK.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_add_dV.get_tma_descriptor());
@@ -127,13 +138,12 @@ struct BwdEpilogue {
   }
 
   // dK (times k_scale) and dV as T into the two smem tiles, then one thread issues the two TMA
-  // copies (a store or a reduce-add, as the TMA objects say) and waits for them. With `turn`
-  // (deterministic GQA), the copies wait for the CTA's turn and pass it on once complete.
+  // copies (a store or a reduce-add, as the TMA objects say) into head `head` and waits for them.
   template <class T, class SmemLayout, class TmaCopy, class FrgdKV>
   CUTE_DEVICE static void store_tiles(TmaCopy const& tma_dk, TmaCopy const& tma_dv, T* sk, T* sv,
                                       FrgdKV const& tdKrdK, FrgdKV const& tdVrdV, float k_scale,
-                                      ShapeQKV const& shape, int thread_idx, int n_block, int bidh_kv,
-                                      int bidb, int* turn = nullptr, int turn_value = 0) {
+                                      ShapeQKV const& shape, int thread_idx, int n_block, int head,
+                                      int bidb) {
     write_tile<T, SmemLayout>(sk, tdKrdK, thread_idx, k_scale);
     write_tile<T, SmemLayout>(sv, tdVrdV, thread_idx, 1.f);
     cutlass::arch::fence_view_async_shared();
@@ -141,20 +151,15 @@ struct BwdEpilogue {
     if (thread_idx == 0) {
       auto issue = [&](TmaCopy const& tma, T* smem) {
         Tensor sT = make_tensor(make_smem_ptr(smem), SmemLayout{});
-        Tensor gT = local_tile(tma.get_tma_tensor(shape)(_, _, bidh_kv, bidb),
+        Tensor gT = local_tile(tma.get_tma_tensor(shape)(_, _, head, bidb),
                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
         auto slice = tma.get_slice(_0{});
         copy(tma, slice.partition_S(sT), slice.partition_D(gT));
       };
-      if (turn != nullptr) { wait_for_turn(turn, turn_value); }
       issue(tma_dk, sk);
       issue(tma_dv, sv);
       tma_store_arrive();
       tma_store_wait<0>();
-      if (turn != nullptr) {
-        bulk_wait_all_complete();
-        pass_turn(turn);
-      }
     }
   }
 
@@ -162,21 +167,9 @@ struct BwdEpilogue {
   template <class SharedStorage, class FrgdKV>
   CUTE_DEVICE void store(Params const& params, FrgdKV const& tdKrdK, FrgdKV const& tdVrdV, SharedStorage& ss,
                          int thread_idx, int n_block, int bidh, int bidb, bool tile_valid) {
-    // deterministic GQA: this (batch, kv head, key block)'s turn; q head i of the group is the
-    // i-th to add
+    // nothing to add (a per-q-head tile is stored even so: the postprocess reads every tile)
+    if (params.gqa && !params.per_qhead && !tile_valid) { return; }
     int const bidh_kv = bidh / params.qhead_per_khead;
-    int* turn = params.dkv_semaphore == nullptr
-                    ? nullptr
-                    : params.dkv_semaphore +
-                          (int64_t(bidb) * params.heads_kv + bidh_kv) * params.num_n_blocks + n_block;
-    int const turn_value = bidh - bidh_kv * params.qhead_per_khead;
-    if (params.gqa && !tile_valid) {  // nothing to add (but a turn to pass on)
-      if (turn != nullptr && thread_idx == 0) {
-        wait_for_turn(turn, turn_value);
-        pass_turn(turn);
-      }
-      return;
-    }
     // Every warpgroup is done with the mainloop's shared memory, which the epilogue reuses.
     named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
     auto& st = ss.tensors.epilogue;
@@ -185,10 +178,14 @@ struct BwdEpilogue {
                                           reinterpret_cast<Element*>(st.smem_dk.data()),
                                           reinterpret_cast<Element*>(st.smem_dv.data()), tdKrdK, tdVrdV,
                                           params.scale, params.shape_dKV, thread_idx, n_block, bidh_kv, bidb);
+    } else if (params.per_qhead) {  // deterministic GQA: unscaled fp32, this q head's tile
+      store_tiles<float, SmemLayoutdKVAccum>(params.tma_store_dK_per_qhead, params.tma_store_dV_per_qhead,
+                                             st.smem_dk.data(), st.smem_dv.data(), tdKrdK, tdVrdV, 1.f,
+                                             params.shape_dKV, thread_idx, n_block, bidh, bidb);
     } else {  // GQA: unscaled fp32, added into the group's accumulators
       store_tiles<float, SmemLayoutdKVAccum>(params.tma_add_dK, params.tma_add_dV, st.smem_dk.data(),
                                              st.smem_dv.data(), tdKrdK, tdVrdV, 1.f, params.shape_dKV,
-                                             thread_idx, n_block, bidh_kv, bidb, turn, turn_value);
+                                             thread_idx, n_block, bidh_kv, bidb);
     }
   }
 };

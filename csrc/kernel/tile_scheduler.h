@@ -15,9 +15,8 @@ namespace kernel {
 //    blocks (low n_block, top-left causal) start first, for every head of the section
 //    (longest-processing-time first: no heavy CTA is left for the end of the grid).
 //  * deterministic mode: key block major in descending key order, so that the CTAs that add
-//    to a dQ tile before a given CTA (the higher key blocks of its head) and the CTAs that add
-//    to a dK / dV tile before it (the lower q heads of its group) were launched before it:
-//    a CTA never waits on one that may not be resident yet.
+//    to a dQ tile before a given CTA (the higher key blocks of its head) were launched before
+//    it: a CTA never waits on one that may not be resident yet.
 struct SingleTileScheduler {
   struct Params {
     int num_n_blocks;
