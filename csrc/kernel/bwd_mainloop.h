@@ -237,6 +237,7 @@ struct BwdMainloop {
     unsigned char const* tile_class;
     int mask_batch, mask_heads, num_m_blocks, num_n_blocks;
     int* dq_semaphore;  // deterministic mode: [B, Hq, ceil(Sq / kBlockM)], else null
+    bool m_descending;  // deterministic mode: m-blocks visited last to first (see dq_turn)
   };
 
   static Params to_params(BwdParams const& p) {
@@ -282,7 +283,8 @@ struct BwdMainloop {
         p.mask_heads,
         p.num_m_blocks,
         p.num_n_blocks,
-        p.deterministic ? p.dq_semaphore : nullptr};
+        p.deterministic ? p.dq_semaphore : nullptr,
+        p.deterministic};
   }
 
   CUTE_DEVICE static void prefetch_tma_descriptors(Params const& params) {
@@ -310,13 +312,24 @@ struct BwdMainloop {
                                    int64_t(params.num_m_blocks);
   }
 
-  // The first m-block >= m that is not empty under the mask (m itself without a mask). The
-  // producer, the dQ writer and the MMA warpgroups walk the same sequence with it.
-  CUTE_DEVICE static int next_m_block(unsigned char const* classes, int m, int m_max) {
+  // The m-blocks of [m_min, m_max) a CTA visits, skipping tiles that are empty under the mask:
+  // ascending, or descending in deterministic mode. The producer, the dQ writer and the MMA
+  // warpgroups walk the same sequence: first_m_block, then following_m_block until it is -1.
+  CUTE_DEVICE static int walk_m_blocks(Params const& params, unsigned char const* classes, int m,
+                                       int m_min, int m_max) {
+    int const step = params.m_descending ? -1 : 1;
     if (classes != nullptr) {
-      while (m < m_max && classes[m] == kTileEmpty) { ++m; }
+      while (m >= m_min && m < m_max && classes[m] == kTileEmpty) { m += step; }
     }
-    return m;
+    return (m >= m_min && m < m_max) ? m : -1;
+  }
+  CUTE_DEVICE static int first_m_block(Params const& params, unsigned char const* classes, int m_min,
+                                       int m_max) {
+    return walk_m_blocks(params, classes, params.m_descending ? m_max - 1 : m_min, m_min, m_max);
+  }
+  CUTE_DEVICE static int following_m_block(Params const& params, unsigned char const* classes, int m,
+                                           int m_min, int m_max) {
+    return walk_m_blocks(params, classes, params.m_descending ? m - 1 : m + 1, m_min, m_max);
   }
 
   // ---------------- producer warp ----------------
@@ -326,8 +339,8 @@ struct BwdMainloop {
                         int bidh, int bidb) {
     auto [m_min, m_max] = m_block_range(params, n_block);
     unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
-    int const m_first = next_m_block(classes, m_min, m_max);
-    if (m_first >= m_max) { return; }
+    int const m_first = first_m_block(params, classes, m_min, m_max);
+    if (m_first < 0) { return; }
 
     auto& st = ss.tensors.mainloop;
     Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
@@ -390,8 +403,8 @@ struct BwdMainloop {
       copy(params.tma_load_V.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tVgV, tVsV);
       int m = m_first;
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int m_next = next_m_block(classes, m + 1, m_max); m_next < m_max;
-           m = m_next, m_next = next_m_block(classes, m + 1, m_max)) {
+      for (int m_next = following_m_block(params, classes, m, m_min, m_max); m_next >= 0;
+           m = m_next, m_next = following_m_block(params, classes, m, m_min, m_max)) {
         load_do(m);
         load_q(m_next);  // one Q ahead of dO: S of the next block starts while dO arrives
       }
@@ -401,22 +414,22 @@ struct BwdMainloop {
 
   // ---------------- dQ-writer warp ----------------
   // Deterministic mode: the number of key blocks that add their dQ tile to m-block m before
-  // this one. The dQ tiles of an m-block are added in descending key-block order (the order the
-  // scheduler launches them in), so these are the contributing key blocks above n_block.
-  // Called by the whole writer warp; `classes` is this CTA's row of tile classes or null.
+  // this one. The dQ tiles of an m-block are added in ascending key-block order, the order the
+  // scheduler launches a head's key blocks in (a CTA waits only on earlier CTAs). Each CTA
+  // walks its m-blocks last to first, so the key blocks of a head that run together reach an
+  // m-block one after the other instead of all at once (causal: the lower key blocks, which
+  // have more m-blocks, start further from their first one). The contributors before n_block:
+  // without a mask all lower key blocks (causal: their m-block ranges start no later); under
+  // a mask those whose (m, n) tile is not empty. Called by the whole writer warp; `classes` is
+  // this CTA's row of tile classes or null.
   CUTE_DEVICE static int dq_turn(Params const& params, unsigned char const* classes, int n_block, int m) {
-    int const n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
-    // key blocks whose m-block range starts at or before m (causal: m_block_range's m_min)
-    int n_end = n_blocks;
-    if (params.is_causal) { n_end = cute::min(n_end, ((m + 1) * kBlockM - 1) / kBlockN + 1); }
-    if (classes == nullptr) { return n_end - 1 - n_block; }
-    // under a mask, only the key blocks whose (m, n) tile is not empty add
+    if (classes == nullptr) { return n_block; }
     int const lane = int(threadIdx.x) % cutlass::NumThreadsPerWarp;
     int count = 0;
-    for (int n0 = n_block + 1; n0 < n_end; n0 += cutlass::NumThreadsPerWarp) {
+    for (int n0 = 0; n0 < n_block; n0 += cutlass::NumThreadsPerWarp) {
       int const n = n0 + lane;
       bool const adds =
-          n < n_end && classes[int64_t(n - n_block) * params.num_m_blocks + m] != kTileEmpty;
+          n < n_block && classes[int64_t(n - n_block) * params.num_m_blocks + m] != kTileEmpty;
       count += __popc(__ballot_sync(0xffffffffu, adds));
     }
     return count;
@@ -426,8 +439,8 @@ struct BwdMainloop {
   CUTE_DEVICE void store_dq(Params const& params, SharedStorage& ss, int n_block, int bidh, int bidb) {
     auto [m_min, m_max] = m_block_range(params, n_block);
     unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
-    int const m_first = next_m_block(classes, m_min, m_max);
-    if (m_first >= m_max) { return; }
+    int const m_first = first_m_block(params, classes, m_min, m_max);
+    if (m_first < 0) { return; }
     Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.smem_dq.data()), SmemLayoutdQ{});
     Tensor mdQ = params.tma_add_dQ.get_tma_tensor(params.shape_dQacc)(_, _, bidh, bidb);
     Tensor gdQ = local_tile(mdQ, ShapedQ{}, make_coord(_, _));  // (M, cols, m, slice)
@@ -440,7 +453,7 @@ struct BwdMainloop {
                    ? nullptr
                    : params.dq_semaphore + (int64_t(bidb) * params.num_heads_q + bidh) * m_max;
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int m = m_first; m < m_max; m = next_m_block(classes, m + 1, m_max)) {
+    for (int m = m_first; m >= 0; m = following_m_block(params, classes, m, m_min, m_max)) {
       if (sem != nullptr) {
         // waits while the MMA warps still compute this m-block's dQ
         int const turn = dq_turn(params, classes, n_block, m);
@@ -474,8 +487,8 @@ struct BwdMainloop {
     clear(tdKrdK);
     clear(tdVrdV);
     auto [m_min, m_max] = m_block_range(params, n_block);
-    int const m_first = next_m_block(tile_classes(params, n_block, bidh, bidb), m_min, m_max);
-    if (m_first >= m_max) { return false; }
+    int const m_first = first_m_block(params, tile_classes(params, n_block, bidh, bidb), m_min, m_max);
+    if (m_first < 0) { return false; }
 
     auto& st = ss.tensors.mainloop;
     Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
@@ -741,7 +754,8 @@ struct BwdMainloop {
     // the tile classes' row, rebuilt where used (not a 64-bit value live across the loop)
     auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int m_block = m_first; m_block < m_max; m_block = next_m_block(classes(), m_block + 1, m_max)) {
+    for (int m_block = m_first; m_block >= 0;
+         m_block = following_m_block(params, classes(), m_block, m_min, m_max)) {
       unsigned char const* cls = classes();
       bool const partial = cls != nullptr ? cls[m_block] == kTilePartial : m_block < m_mask_end;
       if (partial) {
