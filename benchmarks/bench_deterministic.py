@@ -5,12 +5,15 @@ Hopper: FlashAttention-2's deterministic kernel; the memory-efficient one where 
 Same grid and method as bench_bwd.py: bf16, b = 16384 / s, h = 2048 / d, interleaved, median of
 the repeats, backward only (ours through torch.ops.torch_sm90_sdpa.sdpa_backward with
 deterministic=True / False). Each row also checks that two deterministic runs of ours are
-bitwise identical ("repeat: ok").
+bitwise identical ("repeat: ok"). --orders also times both orders of the deterministic mode
+(DeterministicOrder in csrc/bwd_params.h, forced through TORCH_SM90_SDPA_DETERMINISTIC_ORDER),
+interleaved with the rest.
 
-    python benchmarks/bench_deterministic.py [--quick] [--dims 64,128,256] [--seqs 2048,8192]
+    python benchmarks/bench_deterministic.py [--quick] [--orders] [--dims 64,128,256] [--seqs 2048,8192]
 """
 import argparse
 import math
+import os
 import sys
 
 import torch
@@ -19,12 +22,22 @@ import torch_sm90_sdpa  # noqa: F401  (registers the ops)
 from bench_bwd import backend_efficient, backend_flash, make, time_interleaved
 
 
-def ours(q, k, v, dout, causal, scale, deterministic):
+ORDER_ENV = "TORCH_SM90_SDPA_DETERMINISTIC_ORDER"
+
+
+def ours(q, k, v, dout, causal, scale, deterministic, order=None):
+    """order: None (the device layer's choice), "ascending" or "descending" (forced)."""
     o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, q.shape[1] != k.shape[1])
     op = torch.ops.torch_sm90_sdpa.sdpa_backward
 
     def run():
-        return op(dout, q, k, v, o, lse, causal, scale, deterministic)
+        if order is None:
+            return op(dout, q, k, v, o, lse, causal, scale, deterministic)
+        os.environ[ORDER_ENV] = order
+        try:
+            return op(dout, q, k, v, o, lse, causal, scale, deterministic)
+        finally:
+            del os.environ[ORDER_ENV]
     return run
 
 
@@ -39,12 +52,15 @@ def under_deterministic(fn):
     return run
 
 
-def run_row(label, b, hq, hkv, s, d, causal, reps):
+def run_row(label, b, hq, hkv, s, d, causal, reps, orders):
     q, k, v, dout = make(b, hq, hkv, s, d, torch.bfloat16)
     scale = 1.0 / math.sqrt(d)
     fns, notes = {}, []
     fns["ours-det"] = ours(q, k, v, dout, causal, scale, True)
     fns["ours"] = ours(q, k, v, dout, causal, scale, False)
+    if orders:
+        for order in ("ascending", "descending"):
+            fns[f"det-{order[:3]}"] = ours(q, k, v, dout, causal, scale, True, order)
     for name, make_fn in (("flash-det", backend_flash), ("efficient-det", backend_efficient)):
         try:
             fn = under_deterministic(make_fn(q, k, v, dout, causal, scale))
@@ -64,8 +80,10 @@ def run_row(label, b, hq, hkv, s, d, causal, reps):
     stock = next((tf[n] for n in ("flash-det", "efficient-det") if n in tf), float("nan"))
     own = tf["ours-det"] / tf["ours"]
     vs_stock = tf["ours-det"] / stock
+    by_order = (f"  asc {tf['det-asc'] / tf['ours']:4.2f} desc {tf['det-des'] / tf['ours']:4.2f}"
+                if orders else "")
     print(f"{label:38s} {tf['ours-det']:8.0f} {tf['ours']:6.0f} {stock:9.0f}   {own:5.2f} {vs_stock:8.2f}"
-          f"   {'; '.join(notes)}", flush=True)
+          f"{by_order}   {'; '.join(notes)}", flush=True)
     del q, k, v, dout, fns
     torch.cuda.empty_cache()
     return own, vs_stock, same
@@ -78,6 +96,8 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="s = 1k, 4k, 16k only, 5 repeats")
     ap.add_argument("--no-gqa", action="store_true")
+    ap.add_argument("--orders", action="store_true",
+                    help="also time both deterministic orders (det/own ratio of each)")
     a = ap.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("needs an SM90 GPU")
@@ -94,10 +114,12 @@ def main():
             for s in seqs:
                 b, h = max(1, 16384 // s), 2048 // d
                 rows.append(run_row(f"d={d} {'causal' if causal else 'full  '} s={s:<5d} b={b} h={h}",
-                                    b, h, h, s, d, causal, reps))
+                                    b, h, h, s, d, causal, reps, a.orders))
     if not a.no_gqa:
-        rows.append(run_row("GQA d=128 causal s=8192 32q/8kv b=2", 2, 32, 8, 8192, 128, True, reps))
-        rows.append(run_row("GQA d=128 causal s=8192 8q/1kv b=2", 2, 8, 1, 8192, 128, True, reps))
+        for label, hq, hkv in (("GQA d=128 causal s=8192 32q/8kv b=2", 32, 8),
+                               ("GQA d=128 causal s=8192 8q/1kv b=2", 8, 1),
+                               ("MHA d=128 causal s=8192 32q b=2", 32, 32)):
+            rows.append(run_row(label, 2, hq, hkv, 8192, 128, True, reps, a.orders))
     own = [r[0] for r in rows]
     print(f"deterministic / own default mode: min {min(own):.2f}, geometric mean "
           f"{math.exp(sum(map(math.log, own)) / len(own)):.3f} over {len(own)} rows; "

@@ -101,10 +101,12 @@ void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
   // Key-block-major order (the key blocks with the most query blocks first) for causal attention
   // and under a mask: the masks models pass are causal-like (causal, padding, sliding windows,
   // packed documents), whose work per key block falls with the key index like causal's.
-  // Deterministic mode: key-block major as well (see tile_scheduler.h).
+  // Deterministic mode: key-block major as well, in its order's direction (tile_scheduler.h).
   bool const n_block_major = p.is_causal || p.mask_kind != MaskKind::kNone || p.deterministic;
+  bool const reverse_n = p.deterministic && p.deterministic_order == DeterministicOrder::kKeysDescending;
   typename Scheduler::Params sched{(p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_q, p.batch,
-                                   static_cast<int>(std::min<int64_t>(hps, total_heads)), n_block_major};
+                                   static_cast<int>(std::min<int64_t>(hps, total_heads)), n_block_major,
+                                   reverse_n};
 
   typename Kernel::Params kparams{Mainloop::to_params(p), Epilogue::to_params(p), sched};
 

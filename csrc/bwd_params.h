@@ -14,6 +14,16 @@ enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 // (0 = attend, -inf = masked, other values added to the scaled scores).
 enum class MaskKind : int { kNone = 0, kBool = 1, kFloat16 = 2, kBFloat16 = 3, kFloat32 = 4 };
 
+// The two orders of the deterministic mode (BwdParams::deterministic_order). Both add the dQ
+// tiles of an m-block in the order the key blocks of a head are launched in, so a CTA waits
+// only on CTAs launched before it:
+//  * kKeysDescending: key blocks launched last to first (for causal: shortest first), each CTA
+//    walks its m-blocks first to last, dQ added in descending key-block order. Under causal
+//    masking the higher key blocks reach an m-block first on their own: little waiting.
+//  * kKeysAscending: key blocks launched first to last (causal: longest first, as the default
+//    mode), each CTA walks its m-blocks last to first, dQ added in ascending key-block order.
+enum class DeterministicOrder : int { kKeysDescending = 0, kKeysAscending = 1 };
+
 // Classes of the main kernel's (m-block, n-block) tiles under a mask (tile_class below).
 enum TileClass : unsigned char { kTileEmpty = 0, kTilePartial = 1, kTileFull = 2 };
 
@@ -45,6 +55,7 @@ struct BwdParams {
   // dq_semaphore (CTAs run key blocks in descending order, so that each waits only on CTAs
   // launched before it); GQA dK / dV are kept per q head and summed by the postprocess.
   bool deterministic = false;
+  DeterministicOrder deterministic_order = DeterministicOrder::kKeysDescending;
 
   // ---- inputs: [B, H, S, D] views, element strides, last dim contiguous ----
   const void* q = nullptr;     // [B, Hq, Sq, D]

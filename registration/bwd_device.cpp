@@ -5,6 +5,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -331,6 +332,20 @@ int mask_instances_heads(const BwdProblem& p) {
   return (p.heads_q > 1 && p.layout[kMask].head_stride != 0) ? p.heads_q : 1;
 }
 
+DeterministicOrder deterministic_order(const BwdProblem& p) {
+  // TORCH_SM90_SDPA_DETERMINISTIC_ORDER=ascending|descending overrides the choice (read per
+  // call, so that benchmarks/bench_deterministic.py --orders can interleave both).
+  if (const char* env = std::getenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER")) {
+    const std::string v(env);
+    if (v == "ascending") return DeterministicOrder::kKeysAscending;
+    if (v == "descending") return DeterministicOrder::kKeysDescending;
+  }
+  // On the H200 (BENCHMARKS.md): descending was the faster order for MHA, ascending for the
+  // GQA rows measured.
+  return p.heads_q != p.heads_kv ? DeterministicOrder::kKeysAscending
+                                 : DeterministicOrder::kKeysDescending;
+}
+
 BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale) {
   BwdParams n;
   n.batch = p.batch;
@@ -347,6 +362,7 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   n.scale_log2 = static_cast<float>(double(scale) * 1.4426950408889634);
   n.is_causal = p.is_causal;
   n.deterministic = p.deterministic;
+  if (p.deterministic) n.deterministic_order = deterministic_order(p);
   // each operand's address and batch / head / row strides
   auto set = [&](int op, auto& ptr, auto value, int64_t& sb, int64_t& sh, int64_t& sr) {
     ptr = value;

@@ -117,6 +117,11 @@ struct BwdPointers {
   void* workspace = nullptr;
 };
 
+// Deterministic mode: the order the kernels add dQ tiles in (DeterministicOrder in
+// bwd_params.h), chosen per problem; TORCH_SM90_SDPA_DETERMINISTIC_ORDER=ascending|descending
+// in the environment (read per call) forces one.
+DeterministicOrder deterministic_order(const BwdProblem& problem);
+
 // The kernels' params of a served problem. `problem.layout` must describe the tensors behind
 // `ptrs` (the copies' layouts where operands were copied).
 BwdParams make_params(const BwdProblem& problem, const BwdPointers& ptrs, float scale);

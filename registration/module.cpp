@@ -323,6 +323,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("mask_kind", [](const BwdParams& p) { return static_cast<int>(p.mask_kind); })
       .def_property_readonly("tile_class", [](const BwdParams& p) { return ptr_to_int(p.tile_class); })
       .def_property_readonly("dq_semaphore", [](const BwdParams& p) { return ptr_to_int(p.dq_semaphore); })
+      .def_property_readonly("deterministic_order", [](const BwdParams& p) {
+        return p.deterministic_order == sm90_sdpa::DeterministicOrder::kKeysAscending ? "ascending" : "descending";
+      })
       .def_readonly("mask_batch", &BwdParams::mask_batch)
       .def_readonly("mask_heads", &BwdParams::mask_heads)
       .def_readonly("num_m_blocks", &BwdParams::num_m_blocks)

@@ -280,6 +280,40 @@ def test_workspace_layout_mha_has_no_kv_accumulators():
     assert w.bytes == w.lse_log2 + 4 * 2 * 4 * sqr
 
 
+@needs_C
+@pytest.mark.parametrize("heads_kv", [4, 1])
+def test_deterministic_workspace_and_order(heads_kv, monkeypatch):
+    """Deterministic mode: dQ turn semaphores [B, Hq, m-blocks] after the other pieces; GQA keeps
+    dK / dV per q head; the order is chosen per problem unless the environment forces one."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    monkeypatch.delenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", raising=False)
+    b, hq, sq, sk, d = 2, 4, 130, 300, 128
+    q = torch.randn(b, hq, sq, d, dtype=torch.bfloat16)
+    k = v = torch.randn(b, heads_kv, sk, d, dtype=torch.bfloat16)
+    out = dout = q
+    lse = torch.randn(b, hq, sq)
+    default = C.workspace_layout(cb.problem_of(dout, q, k, v, out, lse, False, False))
+    w = C.workspace_layout(cb.problem_of(dout, q, k, v, out, lse, False, True))
+    block_m = gen.TILES[d].block_m
+    m_blocks = -(-sq // block_m)
+    assert w.dq_semaphore == w.tile_class
+    assert w.bytes == w.dq_semaphore + -(-4 * b * hq * m_blocks // 16) * 16
+    kv_factor = hq if heads_kv != hq else 0  # accumulators only for GQA, per q head
+    skr = -(-sk // 128) * 128
+    assert w.dv_accum - w.dk_accum == 4 * b * kv_factor * skr * d
+    assert default.bytes == default.tile_class < w.bytes
+    p, ws = cb.make_params(dout, q, k, v, out, lse, False, 1.0, True)
+    assert p.deterministic and p.dq_semaphore != 0
+    assert p.deterministic_order == ("ascending" if heads_kv != hq else "descending")
+    if heads_kv != hq:
+        assert ws.dk_accum.shape == (b, hq, skr, d)
+    for forced in ("ascending", "descending"):
+        monkeypatch.setenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", forced)
+        p, ws = cb.make_params(dout, q, k, v, out, lse, False, 1.0, True)
+        assert p.deterministic_order == forced
+
+
 def _valid_params():
     p = C.BwdParams()
     p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k = 1, 2, 1, 5, 6

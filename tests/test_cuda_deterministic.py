@@ -50,3 +50,23 @@ def test_deterministic_with_masks(kind, heads):
 def test_deterministic_mask_with_is_causal_and_gqa():
     run_masked("padding right", 2, 8, 2, 1200, 1200, 64, torch.bfloat16, is_causal=True,
                deterministic=True, repeats=19)
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+@pytest.mark.parametrize("case", ["full long Sk", "causal s4096", "mqa 8/1 causal", "causal Sq > Sk",
+                                  "d256 causal", "d64 gqa causal"])
+def test_both_orders(case, order, monkeypatch):
+    """Each DeterministicOrder (forced; the device layer picks one per problem) is repeatable
+    and accurate."""
+    monkeypatch.setenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", order)
+    b, hq, hkv, sq, sk, d, causal = CASES[case]
+    run_case(b, hq, hkv, sq, sk, d, torch.bfloat16, causal, seed=3, deterministic=True, repeats=9)
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+@pytest.mark.parametrize("kind,is_causal", [("sliding window", False), ("padding left", True),
+                                            ("documents", False)])
+def test_both_orders_with_masks(kind, is_causal, order, monkeypatch):
+    monkeypatch.setenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", order)
+    run_masked(kind, 2, 8, 2, 1500, 1500, 128, torch.bfloat16, is_causal=is_causal,
+               deterministic=True, repeats=9)

@@ -44,7 +44,7 @@ if has masks; then
   summary+=("bench_masks: exit $?")
 fi
 if has det; then
-  timeout 300 python3 benchmarks/bench_deterministic.py --quick > "$OUT/bench_deterministic.txt" 2>&1
+  timeout 400 python3 benchmarks/bench_deterministic.py --quick ${DET_ARGS:-} > "$OUT/bench_deterministic.txt" 2>&1
   summary+=("bench_deterministic: exit $?")
 fi
 if has sanitize; then

@@ -95,6 +95,7 @@ def _workspace(C, problem, device, gqa_accum: Optional[bool]) -> Workspace:
     Sqr, Skr = _round(problem.seqlen_q, C.SEQ_ROUND), _round(problem.seqlen_k, C.SEQ_ROUND)
     w = C.workspace_layout(problem)
     want = w.gqa if gqa_accum is None else bool(gqa_accum)
+    kv_heads = Hq if (w.gqa and problem.deterministic) else Hkv  # per q head when deterministic
     nbytes, dk_off, dv_off = w.bytes, w.dk_accum, w.dv_accum
     if want and not w.gqa:
         dk_off, dv_off = nbytes, nbytes + 4 * B * Hkv * Skr * D
@@ -111,8 +112,8 @@ def _workspace(C, problem, device, gqa_accum: Optional[bool]) -> Workspace:
         dpsum=view(w.dpsum, B, Hq, Sqr),
         lse_log2=view(w.lse_log2, B, Hq, Sqr),
         dq_accum=view(w.dq_accum, B, Hq, Sqr, D),
-        dk_accum=view(dk_off, B, Hkv, Skr, D) if want else None,
-        dv_accum=view(dv_off, B, Hkv, Skr, Dv) if want else None,
+        dk_accum=view(dk_off, B, kv_heads, Skr, D) if want else None,
+        dv_accum=view(dv_off, B, kv_heads, Skr, Dv) if want else None,
         buffer=buf,
     )
 

@@ -237,7 +237,8 @@ struct BwdMainloop {
     unsigned char const* tile_class;
     int mask_batch, mask_heads, num_m_blocks, num_n_blocks;
     int* dq_semaphore;  // deterministic mode: [B, Hq, ceil(Sq / kBlockM)], else null
-    bool m_descending;  // deterministic mode: m-blocks visited last to first (see dq_turn)
+    bool m_descending;     // deterministic kKeysAscending: m-blocks visited last to first
+    bool keys_descending;  // deterministic kKeysDescending: dQ added in descending key order
   };
 
   static Params to_params(BwdParams const& p) {
@@ -284,7 +285,8 @@ struct BwdMainloop {
         p.num_m_blocks,
         p.num_n_blocks,
         p.deterministic ? p.dq_semaphore : nullptr,
-        p.deterministic};
+        p.deterministic && p.deterministic_order == DeterministicOrder::kKeysAscending,
+        p.deterministic && p.deterministic_order == DeterministicOrder::kKeysDescending};
   }
 
   CUTE_DEVICE static void prefetch_tma_descriptors(Params const& params) {
@@ -414,22 +416,26 @@ struct BwdMainloop {
 
   // ---------------- dQ-writer warp ----------------
   // Deterministic mode: the number of key blocks that add their dQ tile to m-block m before
-  // this one. The dQ tiles of an m-block are added in ascending key-block order, the order the
-  // scheduler launches a head's key blocks in (a CTA waits only on earlier CTAs). Each CTA
-  // walks its m-blocks last to first, so the key blocks of a head that run together reach an
-  // m-block one after the other instead of all at once (causal: the lower key blocks, which
-  // have more m-blocks, start further from their first one). The contributors before n_block:
-  // without a mask all lower key blocks (causal: their m-block ranges start no later); under
-  // a mask those whose (m, n) tile is not empty. Called by the whole writer warp; `classes` is
-  // this CTA's row of tile classes or null.
+  // this one, in the order of params (DeterministicOrder, bwd_params.h): the contributing key
+  // blocks below n_block (ascending order) or above it (descending). Without a mask every key
+  // block whose m-block range holds m contributes (causal: those starting at or before m);
+  // under a mask only those whose (m, n) tile is not empty. Called by the whole writer warp;
+  // `classes` is this CTA's row of tile classes or null.
   CUTE_DEVICE static int dq_turn(Params const& params, unsigned char const* classes, int n_block, int m) {
-    if (classes == nullptr) { return n_block; }
+    int n_begin = 0, n_end = n_block;  // the key blocks that come before n_block
+    if (params.keys_descending) {
+      n_begin = n_block + 1;
+      n_end = (params.seqlen_k + kBlockN - 1) / kBlockN;
+      // causal: key blocks whose m-block range starts at or before m (m_block_range's m_min)
+      if (params.is_causal) { n_end = cute::min(n_end, ((m + 1) * kBlockM - 1) / kBlockN + 1); }
+    }
+    if (classes == nullptr) { return cute::max(n_end - n_begin, 0); }
     int const lane = int(threadIdx.x) % cutlass::NumThreadsPerWarp;
     int count = 0;
-    for (int n0 = 0; n0 < n_block; n0 += cutlass::NumThreadsPerWarp) {
+    for (int n0 = n_begin; n0 < n_end; n0 += cutlass::NumThreadsPerWarp) {
       int const n = n0 + lane;
       bool const adds =
-          n < n_block && classes[int64_t(n - n_block) * params.num_m_blocks + m] != kTileEmpty;
+          n < n_end && classes[int64_t(n - n_block) * params.num_m_blocks + m] != kTileEmpty;
       count += __popc(__ballot_sync(0xffffffffu, adds));
     }
     return count;

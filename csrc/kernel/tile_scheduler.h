@@ -14,9 +14,9 @@ namespace kernel {
 //  * causal: key block major (n_block slowest), so the key blocks that see the most query
 //    blocks (low n_block, top-left causal) start first, for every head of the section
 //    (longest-processing-time first: no heavy CTA is left for the end of the grid).
-//  * deterministic mode: key block major too, so that the CTAs that add to a dQ tile before
-//    a given CTA (the lower key blocks of its head) were launched before it: a CTA never
-//    waits on one that may not be resident yet.
+//  * deterministic mode: key block major too, in the direction of the DeterministicOrder
+//    (bwd_params.h), so that the CTAs that add to a dQ tile before a given CTA were launched
+//    before it: a CTA never waits on one that may not be resident yet.
 struct SingleTileScheduler {
   struct Params {
     int num_n_blocks;
@@ -24,6 +24,7 @@ struct SingleTileScheduler {
     int num_batch;
     int heads_per_section;  // >= 1
     bool n_block_major;
+    bool reverse_n;  // key blocks last to first (deterministic kKeysDescending; n_block_major)
   };
 
   static dim3 grid_shape(Params const& p) {
@@ -47,6 +48,7 @@ struct SingleTileScheduler {
       head_in_section = idx / p.num_n_blocks;
       n_block = idx - head_in_section * p.num_n_blocks;
     }
+    if (p.reverse_n) { n_block = p.num_n_blocks - 1 - n_block; }
     int const bh = head0 + head_in_section;
     int const bidb = bh / p.num_heads;
     int const bidh = bh - bidb * p.num_heads;
