@@ -12,6 +12,10 @@ Configurations (4 layers, hidden 2048, vocab 32000, intermediate 5632, Llama):
   d128  16 q / 4 kv heads of 128, batch 2, 8192 tokens
 
     python benchmarks/bench_transformers.py [--configs d64,d128] [--steps 10] [--padded]
+                                            [--force] [--profile]
+
+--force routes with enable(only_faster=False) (masked calls too); --profile prints, per variant,
+the CUDA kernels of one step that took the most time (torch.profiler).
 """
 import argparse
 import copy
@@ -70,12 +74,30 @@ def step_fn(loss_fn, model, ids, attention_mask):
     return step
 
 
+def profile_step(variant, fn, top=12):
+    """The CUDA kernels of one step of `fn` that took the most time, with their call counts."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: e.device_time_total, reverse=True)
+    total = sum(e.device_time_total for e in events)
+    print(f"  {variant}: {total / 1e3:.1f} ms of kernels; top {top}:")
+    for e in events[:top]:
+        print(f"    {e.device_time_total / 1e3:8.2f} ms  x{e.count:<4d} {e.key[:110]}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="d64,d128")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--padded", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--force", action="store_true", help="enable(only_faster=False)")
+    ap.add_argument("--profile", action="store_true", help="top CUDA kernels of one step")
     args = ap.parse_args()
     import transformers
 
@@ -96,7 +118,7 @@ def main():
         steps["stock"] = step_fn(compiled_loss("stock"), copy.deepcopy(base), ids,
                                  attention_mask)
         steps["stock"]()  # compile
-        with torch_sm90_sdpa.enable():
+        with torch_sm90_sdpa.enable(only_faster=not args.force):
             steps["routed"] = step_fn(compiled_loss("routed"), copy.deepcopy(base), ids,
                                       attention_mask)
             steps["routed"]()
@@ -112,6 +134,9 @@ def main():
               f"{med['routed']:.1f} ms, speedup {row['speedup']:.3f}x; routed nodes "
               f"{stats['routed_nodes']}, not routed {stats['not_routed']} "
               f"(compile {compile_s:.0f} s)", flush=True)
+        if args.profile:
+            for variant, fn in steps.items():
+                profile_step(variant, fn)
         del steps, base
         torch.cuda.empty_cache()
     if args.json:
