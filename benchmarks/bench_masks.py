@@ -12,6 +12,10 @@ sequences). Backward only, interleaved (ours masked, cuDNN masked, ours causal, 
   documents       causal within 4 packed documents of equal length (block-diagonal)
 
     python benchmarks/bench_masks.py [--seqs 2048,4096,8192,16384] [--reps 10] [--json OUT]
+                                     [--kv-heads 4] [--classes]
+
+--kv-heads: GQA (k / v with fewer heads, as Llama-style models); --classes prints the share of
+empty / partial / full tiles the classification found for each mask.
 """
 import argparse
 import json
@@ -72,19 +76,21 @@ def main():
     ap.add_argument("--kinds", default="causal,padding,sliding window,documents")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json")
+    ap.add_argument("--kv-heads", type=int, default=16)
+    ap.add_argument("--classes", action="store_true")
     args = ap.parse_args()
-    d, h = 128, 16
+    d, h, hkv = 128, 16, args.kv_heads
     scale = d ** -0.5
     rows = []
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, d={d}, h={h}; "
-          "backward ms (median)")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, d={d}, h={h}, "
+          f"kv heads {hkv}; backward ms (median)")
     print(f"{'mask':<15} {'s':>6} {'b':>3} | {'ours mask':>9} {'cuDNN mask':>10} "
           f"{'ours causal':>11} {'cuDNN causal':>12} | {'cuDNN/ours':>10} {'mask/causal':>11}")
     for s in (int(x) for x in args.seqs.split(",")):
         b = max(2, 16384 // s)
         g = torch.Generator(device="cuda").manual_seed(s)
-        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16,
-                                     generator=g).transpose(1, 2) for _ in range(4))
+        q, k, v, dout = (torch.randn(b, s, heads, d, device="cuda", dtype=torch.bfloat16,
+                                     generator=g).transpose(1, 2) for heads in (h, hkv, hkv, h))
         causal_run, (o_c, lse_c) = cudnn_backward(q, k, v, dout, None, True, scale)
         ours_causal = ours_backward(q, k, v, dout, None, True, scale, o_c, lse_c)
         for kind in args.kinds.split(","):
@@ -97,10 +103,16 @@ def main():
             row = dict(mask=kind, s=s, b=b, **t,
                        cudnn_over_ours=t["cudnn mask"] / t["ours mask"],
                        ours_mask_over_causal=t["ours mask"] / t["ours causal"])
+            if args.classes:
+                from torch_sm90_sdpa import _cuda_backend
+                cls = _cuda_backend.tile_classes(bias.expand(b, h, s, s), q, k)
+                row["tile_classes"] = {name: (cls == code).float().mean().item()
+                                       for code, name in enumerate(("empty", "partial", "full"))}
             rows.append(row)
             print(f"{kind:<15} {s:>6} {b:>3} | {t['ours mask']:>9.3f} {t['cudnn mask']:>10.3f} "
                   f"{t['ours causal']:>11.3f} {t['cudnn causal']:>12.3f} | "
-                  f"{row['cudnn_over_ours']:>9.2f}x {row['ours_mask_over_causal']:>10.2f}x",
+                  f"{row['cudnn_over_ours']:>9.2f}x {row['ours_mask_over_causal']:>10.2f}x"
+                  f"{'  tiles ' + str(row['tile_classes']) if args.classes else ''}",
                   flush=True)
             del bias, cudnn_mask, ours_mask, o_m, lse_m
         del q, k, v, dout, causal_run, ours_causal
