@@ -128,12 +128,13 @@ def main():
         row = dict(config=name, **c, padded=args.padded, stock_ms=med["stock"],
                    routed_ms=med["routed"], speedup=med["stock"] / med["routed"],
                    routed_nodes=stats["routed_nodes"], not_routed=stats["not_routed"],
+                   causal_masks=stats.get("causal_masks"),
                    compile_s=compile_s)
         results.append(row)
         print(f"{name}: {c}, padded={args.padded}: step stock {med['stock']:.1f} ms, routed "
               f"{med['routed']:.1f} ms, speedup {row['speedup']:.3f}x; routed nodes "
-              f"{stats['routed_nodes']}, not routed {stats['not_routed']} "
-              f"(compile {compile_s:.0f} s)", flush=True)
+              f"{stats['routed_nodes']}, not routed {stats['not_routed']}, causal masks "
+              f"{stats.get('causal_masks')} (compile {compile_s:.0f} s)", flush=True)
         if args.profile:
             for variant, fn in steps.items():
                 profile_step(variant, fn)
