@@ -7,14 +7,17 @@ m = torch.ones(256, 256, dtype=torch.bool, device="cuda").tril()
 m[5] = False  # a row with no visible key
 with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-print("eager cuDNN, fully masked row: |out| max", o[0, :, 5].abs().max().item(),
-      "| mean(V) max", v[0].float().mean(1).abs().max().item(),
-      "| out vs mean(V)", (o[0, :, 5].float() - v[0].float().mean(1)).abs().max().item())
+for fill in (float("-inf"), -65504.0):
+    bias = torch.zeros(256, 256, device="cuda", dtype=torch.bfloat16).masked_fill(~m, fill)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        ob = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    print(f"eager cuDNN, bool mask vs a {fill} bias: max diff {(o.float() - ob.float()).abs().max().item():.3e}")
 seen = []
 def spy(graph):
     for n in graph.nodes:
         if n.op == "call_function" and "where" in str(n.target):
-            seen.append((str(n.target), [a if not isinstance(a, torch.fx.Node) else a.name for a in n.args]))
+            seen.append((str(n.target), [a if not isinstance(a, torch.fx.Node) else
+                                         (a.name, str(a.target), a.args) for a in n.args]))
         if n.op == "call_function" and "cudnn" in str(n.target):
             seen.append((str(n.target), None))
 torch._inductor.config.post_grad_custom_post_pass = spy
