@@ -391,7 +391,10 @@ def faster_than_stock(call: AttentionBackwardCall) -> Decision:
         return _no(R_SLOWER, "masked call: whole training steps measured slower with it routed "
                              "(BENCHMARKS.md); enable(only_faster=False) routes it anyway")
     if call.backend != "cudnn":
-        return ROUTE  # flash / efficient: ours measured faster on every row
+        # flash / efficient: ours measured faster on every row; under deterministic algorithms
+        # these are torch's deterministic kernels, 1.5-3.4x slower than our deterministic mode
+        # (benchmarks/bench_deterministic.py, BENCHMARKS.md)
+        return ROUTE
     head_dim = call.q.size(-1)
     min_seqlen = FASTER_THAN_CUDNN_MIN_SEQLEN.get(head_dim)
     seqlen_k = call.k.size(2)
