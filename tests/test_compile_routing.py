@@ -293,6 +293,22 @@ float causal: (['dropped'], [(True, False)])
 sliding window: (['kept: not the causal mask'], [(False, True)])
 padding input: (['kept: depends on graph inputs'], [(False, True)])""")
 
+    def test_cudnn_bool_mask_fill_counts_as_masked_for_cudnn_nodes_only(self):
+        """torch hands cuDNN a boolean mask as a 0 / -65504 bias (-65536 in bf16): for masks
+        whose users are all cuDNN nodes that fill counts as masked, elsewhere only -inf does."""
+        from torch_sm90_sdpa import causal_masks
+
+        keep = torch.ones(6, 6, dtype=torch.bool).tril()
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            bias = torch.zeros(2, 1, 6, 6, dtype=dtype).masked_fill(~keep, -65504.0)
+            self.assertEqual(causal_masks._is_causal_mask(bias, 6, 6, cudnn_fill=True), (True, ""))
+            self.assertFalse(causal_masks._is_causal_mask(bias, 6, 6)[0])
+            other = bias.masked_fill(~keep, -60000.0)  # another finite value: kept
+            self.assertFalse(causal_masks._is_causal_mask(other, 6, 6, cudnn_fill=True)[0])
+            shifted = torch.zeros(2, 1, 6, 6, dtype=dtype).masked_fill(
+                ~torch.ones(6, 6, dtype=torch.bool).tril(-1), -65504.0)  # not causal
+            self.assertFalse(causal_masks._is_causal_mask(shifted, 6, 6, cudnn_fill=True)[0])
+
     def test_dynamic_sequence_length(self):
         torch.manual_seed(2)
         model = TinyTransformer(vocab=64, dim=32, heads=4, kv_heads=2, layers=1)

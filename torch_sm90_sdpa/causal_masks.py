@@ -18,6 +18,16 @@ the top-left causal mask (bool masks: equal; float masks: 0 where causal keeps, 
 masks). Only square attention (Sq == Sk) is rewritten, where every backend agrees on causal
 alignment.
 
+cuDNN nodes: torch hands them a boolean mask as a bias of 0 / -65504 (its
+``convert_boolean_attn_mask_cudnn``, a workaround for a cuDNN issue with -inf; -65536 in bf16),
+not 0 / -inf: measured on the H200, torch 2.11, ``tools/mask_conversion_probe.py``. Where every
+user of the mask is a cuDNN node, that exact fill also counts as masked. What the user's program
+asked for is a boolean causal mask, whose SDPA semantics are those of ``is_causal=True``
+exactly; stock cuDNN's result with the -65504 fill equals that in fp32 (every row of a causal
+mask keeps a key, and exp(s - 65504 - rowmax) is 0) unless the scores of a row spread over
+more than about 65400, where cuDNN's fill itself departs from SDPA's semantics and from the
+other backends.
+
     CausalMaskPass: the CustomGraphPass that routing.enable() installs as
                     torch._inductor.config.joint_custom_pre_pass (chained with the user's)
     drop_causal_masks(graph) -> [(node name, "dropped" | reason)]
@@ -53,6 +63,9 @@ SDPA_MASKED_NODES = {
     aten._scaled_dot_product_efficient_attention.default: ("attn_bias", False),
     aten._scaled_dot_product_efficient_attention_backward.default: ("attn_bias", True),
 }
+
+_CUDNN_NODES = (aten._scaled_dot_product_cudnn_attention.default,
+                aten._scaled_dot_product_cudnn_attention_backward.default)
 
 # Pure ops a mask may be built from (by their overload packets): no randomness, no state,
 # no graph input. Anything else in the mask's producer subgraph keeps the mask.
@@ -151,8 +164,15 @@ def _no_fake_mode():
     return unset_fake_temporarily()
 
 
-def _is_causal_mask(mask: torch.Tensor, sq: int, sk: int) -> tuple[bool, str]:
-    """Is `mask` (broadcastable to [..., Sq, Sk]) exactly the top-left causal mask?"""
+# The fill of masked positions in the bias torch makes of a boolean mask for cuDNN.
+CUDNN_BOOL_MASK_FILL = -65504.0
+
+
+def _is_causal_mask(mask: torch.Tensor, sq: int, sk: int,
+                    cudnn_fill: bool = False) -> tuple[bool, str]:
+    """Is `mask` (broadcastable to [..., Sq, Sk]) exactly the top-left causal mask?
+    cudnn_fill: a float mask may also hold torch's cuDNN fill (CUDNN_BOOL_MASK_FILL rounded to
+    the mask's dtype) where it masks."""
     if mask.dim() < 2 or tuple(mask.shape[-2:]) not in ((sq, sk), (1, sk), (sq, 1), (1, 1)):
         return False, f"mask shape {tuple(mask.shape)}"
     keep = causal_mask(sq, sk, "cpu")
@@ -163,7 +183,12 @@ def _is_causal_mask(mask: torch.Tensor, sq: int, sk: int) -> tuple[bool, str]:
     if mask.dtype == torch.bool:
         same = bool((mask == keep).all())
     elif mask.is_floating_point():
-        same = bool(((mask == 0) == keep).all()) and bool((mask[..., ~keep] == float("-inf")).all())
+        masked = mask[..., ~keep]
+        is_masked = masked == float("-inf")
+        if cudnn_fill:
+            fill = torch.tensor(CUDNN_BOOL_MASK_FILL, dtype=mask.dtype).item()
+            is_masked |= masked == fill
+        same = bool(((mask == 0) == keep).all()) and bool(is_masked.all())
     else:
         return False, f"mask dtype {mask.dtype}"
     return same, "" if same else "not the causal mask"
@@ -225,7 +250,8 @@ def _prove(mask: torch.fx.Node, users: list) -> str:
         # real tensors on the CPU: outside the fake mode Inductor's passes run under
         with _no_fake_mode():
             value = _evaluate(nodes)
-            same, why = _is_causal_mask(value, q.size(2), q.size(2))
+            cudnn_only = all(n.target in _CUDNN_NODES for n in users)
+            same, why = _is_causal_mask(value, q.size(2), q.size(2), cudnn_fill=cudnn_only)
     except Exception as exc:  # a plugin must never break a compile
         return f"kept: could not evaluate ({type(exc).__name__})"
     return "dropped" if same else f"kept: {why}"
