@@ -152,33 +152,50 @@ def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check):
     return ratio
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def grid_parser(doc):
+    """The command line of the grid benchmarks (this one, bench_deterministic.py)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="s = 1k, 4k, 16k only, 5 repeats")
     ap.add_argument("--no-gqa", action="store_true")
-    ap.add_argument("--check", action="store_true", help="also compare gradients with cuDNN's")
-    a = ap.parse_args()
+    return ap
+
+
+def grid(a):
+    """(repeats, [(label, b, h, s, d, causal), ...]) of the FlashAttention-paper grid, or None
+    (after saying so) without an SM90 GPU."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("needs an SM90 GPU")
-        return 1
+        return None
     dims = [int(x) for x in a.dims.split(",")]
     seqs = [1024, 4096, 16384] if a.quick else [int(x) for x in a.seqs.split(",")]
     reps = 5 if a.quick else a.reps
-    dtype = torch.bfloat16
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s, median of {reps}, "
           "interleaved; bf16, b = 16384/s, h = 2048/d")
-    print(f"{'row':34s} " + "  ".join(f"{n:>6s}" for n in BACKENDS) + "   ours/best-stock")
-    ratios = []
+    rows = []
     for d in dims:
         for causal in (False, True):
             for s in seqs:
                 b, h = max(1, 16384 // s), 2048 // d
-                r = run_row(f"d={d} {'causal' if causal else 'full  '} s={s:<5d} b={b} h={h}", b, h, h, s, d,
-                            causal, dtype, reps, a.check)
-                ratios.append(r)
+                rows.append((f"d={d} {'causal' if causal else 'full  '} s={s:<5d} b={b} h={h}",
+                             b, h, s, d, causal))
+    return reps, rows
+
+
+def main():
+    ap = grid_parser(__doc__)
+    ap.add_argument("--check", action="store_true", help="also compare gradients with cuDNN's")
+    a = ap.parse_args()
+    g = grid(a)
+    if g is None:
+        return 1
+    reps, rows = g
+    dtype = torch.bfloat16
+    print(f"{'row':34s} " + "  ".join(f"{n:>6s}" for n in BACKENDS) + "   ours/best-stock")
+    ratios = [run_row(label, b, h, h, s, d, causal, dtype, reps, a.check)
+              for label, b, h, s, d, causal in rows]
     if not a.no_gqa:
         r = run_row("GQA d=128 causal s=8192 32q/8kv b=2", 2, 32, 8, 8192, 128, True, dtype, reps, a.check)
         ratios.append(r)

@@ -11,7 +11,6 @@ interleaved with the rest.
 
     python benchmarks/bench_deterministic.py [--quick] [--orders] [--dims 64,128,256] [--seqs 2048,8192]
 """
-import argparse
 import math
 import os
 import sys
@@ -19,7 +18,7 @@ import sys
 import torch
 
 import torch_sm90_sdpa  # noqa: F401  (registers the ops)
-from bench_bwd import backend_efficient, backend_flash, make, time_interleaved
+from bench_bwd import backend_efficient, backend_flash, grid, grid_parser, make, time_interleaved
 
 
 ORDER_ENV = "TORCH_SM90_SDPA_DETERMINISTIC_ORDER"
@@ -90,31 +89,17 @@ def run_row(label, b, hq, hkv, s, d, causal, reps, orders):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dims", default="64,128,256")
-    ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--quick", action="store_true", help="s = 1k, 4k, 16k only, 5 repeats")
-    ap.add_argument("--no-gqa", action="store_true")
+    ap = grid_parser(__doc__)
     ap.add_argument("--orders", action="store_true",
                     help="also time both deterministic orders (det/own ratio of each)")
     a = ap.parse_args()
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        print("needs an SM90 GPU")
+    g = grid(a)
+    if g is None:
         return 1
-    dims = [int(x) for x in a.dims.split(",")]
-    seqs = [1024, 4096, 16384] if a.quick else [int(x) for x in a.seqs.split(",")]
-    reps = 5 if a.quick else a.reps
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s, median of {reps}, "
-          "interleaved; bf16, b = 16384/s, h = 2048/d")
+    reps, grid_rows = g
     print(f"{'row':38s} {'ours-det':>8s} {'ours':>6s} {'stock-det':>9s}   {'det/own':>7s} {'det/stock':>8s}")
-    rows = []
-    for d in dims:
-        for causal in (False, True):
-            for s in seqs:
-                b, h = max(1, 16384 // s), 2048 // d
-                rows.append(run_row(f"d={d} {'causal' if causal else 'full  '} s={s:<5d} b={b} h={h}",
-                                    b, h, h, s, d, causal, reps, a.orders))
+    rows = [run_row(label, b, h, h, s, d, causal, reps, a.orders)
+            for label, b, h, s, d, causal in grid_rows]
     if not a.no_gqa:
         for label, hq, hkv in (("GQA d=128 causal s=8192 32q/8kv b=2", 32, 8),
                                ("GQA d=128 causal s=8192 8q/1kv b=2", 8, 1),
