@@ -293,6 +293,53 @@ float causal: (['dropped'], [(True, False)])
 sliding window: (['kept: not the causal mask'], [(False, True)])
 padding input: (['kept: depends on graph inputs'], [(False, True)])""")
 
+    def test_cudnn_graph_with_torchs_bool_mask_fill(self):
+        """The joint graph of a compiled model on CUDA as torch 2.11 builds it: the causal mask
+        reaches the cuDNN forward and backward as where(mask, 0, -65536) (bf16). The pass drops
+        it (both nodes is_causal=True, no bias); the same bias feeding memory-efficient nodes
+        is kept (only -inf counts as masked there)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        from torch_sm90_sdpa import causal_masks
+
+        b, h, s, d = 2, 4, 24, 64
+
+        def fn(q, k, v, go, backend):
+            i = torch.arange(s, device=q.device)
+            keep = i.unsqueeze(0) <= i.unsqueeze(1)  # (indexing with None needs a real CUDA here)
+            zero = torch.full([], 0.0, dtype=torch.bfloat16, device=q.device)
+            fill = torch.full([], -65504.0, dtype=torch.bfloat16, device=q.device)
+            bias = torch.where(keep, zero, fill).unsqueeze(0).unsqueeze(0).expand(b, h, s, s)
+            if backend == "cudnn":
+                o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_cudnn_attention(
+                    q, k, v, bias, True, 0.0, False, False)
+                return aten._scaled_dot_product_cudnn_attention_backward(
+                    go, q, k, v, o, lse, seed, off, bias, cq, ck, mq, mk, 0.0, False)
+            o, lse, seed, off = aten._scaled_dot_product_efficient_attention(
+                q, k, v, bias, True, 0.0, False)
+            return aten._scaled_dot_product_efficient_attention_backward(
+                go, q, k, v, bias, o, lse, seed, off, 0.0, [True, True, True, False], False)
+
+        outcomes = {}
+        for backend in ("cudnn", "efficient"):
+            mode = FakeTensorMode()
+            with mode:
+                q, k, v, go = (torch.empty(b, h, s, d, dtype=torch.bfloat16, device="cuda")
+                               for _ in range(4))
+                gm = make_fx(lambda *a: fn(*a, backend))(q, k, v, go)
+            outcomes[backend] = sorted({o for _, o in causal_masks.drop_causal_masks(gm.graph)})
+            attention = [n for n in gm.graph.nodes if n.op == "call_function"
+                         and "attention" in str(n.target)]
+            self.assertEqual(len(attention), 2)
+            if backend == "cudnn":
+                for n in attention:
+                    a = compile_pass.bind_args(n)
+                    self.assertIs(a.get("is_causal"), True)
+                    self.assertIsNone(a.get("attn_bias"))
+                self.assertFalse(any("where" in str(n.target) for n in gm.graph.nodes))
+        self.assertEqual(outcomes, {"cudnn": ["dropped"], "efficient": ["kept: not the causal mask"]})
+
     def test_cudnn_bool_mask_fill_counts_as_masked_for_cudnn_nodes_only(self):
         """torch hands cuDNN a boolean mask as a 0 / -65504 bias (-65536 in bf16): for masks
         whose users are all cuDNN nodes that fill counts as masked, elsewhere only -inf does."""
