@@ -1,19 +1,23 @@
 """Small backward calls for compute-sanitizer (memcheck / racecheck) on the GPU machine:
     compute-sanitizer --tool racecheck python3 tools/sanitize_case.py
-MHA and GQA epilogues, both tile families, and masked calls (bool and additive masks, with
-empty, partial and full tiles, broadcast over heads and batch)."""
+MHA and GQA epilogues, both tile families, masked calls (bool and additive masks, with
+empty, partial and full tiles, broadcast over heads and batch), and the deterministic mode
+(its dQ turn counters; GQA's per-q-head dK / dV; a mask) on three of them."""
 import torch
 
 import torch_sm90_sdpa  # noqa: F401
 
-CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal, mask)
-    (1, 2, 2, 200, 200, 128, True, None),
-    (1, 4, 2, 130, 77, 64, False, None),
-    (1, 4, 2, 150, 150, 256, True, None),
-    (1, 2, 2, 100, 190, 192, False, None),
-    (2, 2, 2, 300, 300, 128, False, "padding bool [B,1,S,S]"),
-    (2, 4, 2, 260, 260, 64, False, "sliding-window bias [S,S]"),
-    (2, 2, 1, 200, 333, 256, True, "key padding bool [B,1,1,Sk]"),
+CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal, mask, deterministic)
+    (1, 2, 2, 200, 200, 128, True, None, False),
+    (1, 4, 2, 130, 77, 64, False, None, False),
+    (1, 4, 2, 150, 150, 256, True, None, False),
+    (1, 2, 2, 100, 190, 192, False, None, False),
+    (2, 2, 2, 300, 300, 128, False, "padding bool [B,1,S,S]", False),
+    (2, 4, 2, 260, 260, 64, False, "sliding-window bias [S,S]", False),
+    (2, 2, 1, 200, 333, 256, True, "key padding bool [B,1,1,Sk]", False),
+    (1, 2, 2, 200, 200, 128, True, None, True),
+    (1, 4, 2, 130, 77, 64, False, None, True),
+    (2, 4, 2, 260, 260, 64, False, "sliding-window bias [S,S]", True),
 ]
 
 
@@ -32,13 +36,13 @@ def make_mask(kind, b, sq, sk):
     return keep
 
 
-for b, hq, hkv, sq, sk, d, causal, kind in CASES:
+for b, hq, hkv, sq, sk, d, causal, kind, deterministic in CASES:
     q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     mask = make_mask(kind, b, sq, sk) if kind else None
     out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, d ** -0.5, True, mask)
     grads = torch.ops.torch_sm90_sdpa.sdpa_backward(torch.randn_like(out), q, k, v, out, lse,
-                                                    causal, d ** -0.5, False, mask)
+                                                    causal, d ** -0.5, deterministic, mask)
     torch.cuda.synchronize()
-    print("case", (b, hq, hkv, sq, sk, d, causal, kind), "finite:",
+    print("case", (b, hq, hkv, sq, sk, d, causal, kind, deterministic), "finite:",
           all(g.isfinite().all().item() for g in grads))
