@@ -23,6 +23,8 @@ CASES = {
     "mqa 8/1 full": (1, 8, 1, 1000, 3000, 128, False),
     "gqa 8/2 odd lengths": (2, 8, 2, 777, 4097, 128, False),
     "causal Sq > Sk": (1, 4, 4, 3000, 1000, 128, True),
+    # key blocks past Sq see no query: their per-q-head dK / dV tiles are stored as zeros
+    "gqa causal Sq < Sk": (1, 8, 2, 500, 2000, 128, True),
     "d64 gqa causal": (2, 8, 2, 2048, 2048, 64, True),
     "d64 full long Sk": (1, 2, 2, 300, 8192, 64, False),
     "d256 causal": (1, 4, 4, 2048, 2048, 256, True),
