@@ -97,16 +97,16 @@ def grads_of(model):
             for n, p in model.named_parameters() if p.grad is not None}
 
 
-def train(model, batches, steps, lr=1e-3, mark_step=False):
-    """Losses of `steps` SGD steps (bf16 autocast) and the gradients of the first step."""
+def sgd_steps(model, loss_of_step, steps, lr=1e-3, mark_step=False):
+    """Losses of `steps` SGD steps (loss_of_step(i) under bf16 autocast) and the gradients
+    of the first step."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses, first = [], None
     for i in range(steps):
         if mark_step:
             torch.compiler.cudagraph_mark_step_begin()
-        tokens, context = batches[i % len(batches)]
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = lm_loss(model(tokens, context), tokens)
+            loss = loss_of_step(i)
         loss.backward()
         losses.append(loss.detach().float().item())
         if i == 0:
@@ -114,6 +114,14 @@ def train(model, batches, steps, lr=1e-3, mark_step=False):
         opt.step()
         opt.zero_grad(set_to_none=True)
     return losses, first
+
+
+def train(model, batches, steps, lr=1e-3, mark_step=False):
+    """sgd_steps of the language-model loss over `batches` (cycled)."""
+    def loss_of_step(i):
+        tokens, context = batches[i % len(batches)]
+        return lm_loss(model(tokens, context), tokens)
+    return sgd_steps(model, loss_of_step, steps, lr=lr, mark_step=mark_step)
 
 
 def check_against_stock(losses, grads, ref_losses, ref_grads, tol=5e-2):
@@ -296,19 +304,9 @@ def test_transformers_llama_is_causal(compile_env, monkeypatch):
 
 
 def _train_lm_masked(m, ids, attention_mask, steps):
-    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-    losses, first = [], None
     labels = ids.masked_fill(attention_mask == 0, -100) if attention_mask is not None else ids
-    for i in range(steps):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = m(input_ids=ids, attention_mask=attention_mask, labels=labels).loss
-        loss.backward()
-        losses.append(loss.detach().float().item())
-        if i == 0:
-            first = grads_of(m)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return losses, first
+    return sgd_steps(
+        m, lambda i: m(input_ids=ids, attention_mask=attention_mask, labels=labels).loss, steps)
 
 
 def _masked_model_routes(compile_env, model, ids, attention_mask, steps=2):

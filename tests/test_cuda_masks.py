@@ -13,21 +13,15 @@ import torch
 import torch.nn.functional as F
 
 import torch_sm90_sdpa
-from torch_sm90_sdpa import _extension
 from conftest import (as_bias, causal_bool, documents, padding, reference_grads_fp64_masked,
                       requires_sm90, sliding_window)
 from test_cuda_backward import (assert_bitwise_repeatable, assert_close_to_reference,
-                                poison_allocator)
+                                need_variant, poison_allocator)
 
 pytestmark = [requires_sm90, pytest.mark.gpu]
 
 sdpa_backward = torch.ops.torch_sm90_sdpa.sdpa_backward
 DEV = "cuda"
-
-
-def need_variant(d, dtype):
-    if not _extension.has_variant(d, dtype):
-        pytest.skip(f"variant d={d} {dtype} not compiled")
 
 
 def make_mask(kind, b, hq, sq, sk, dtype):
