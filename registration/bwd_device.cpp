@@ -443,17 +443,6 @@ const DeviceFacts& current_device_facts() {
   return cache.emplace(dev, f).first->second;
 }
 
-// The tail of run_preprocess / run_postprocess / run_classification, after their checks: the
-// device's facts into a copy of the params, then the one launch, whose error is its own.
-static void launch_part(const BwdParams& params, cudaStream_t stream,
-                        void (*launch)(const BwdParams&, cudaStream_t), const char* kernel) {
-  BwdParams p = params;
-  prepare_device(p);
-  cudaGetLastError();  // do not blame this launch for an earlier error
-  launch(p, stream);
-  check_launch(kernel);
-}
-
 void run_preprocess(const BwdParams& params, cudaStream_t stream) {
   const char* what = "preprocess";
   check_sizes(params, what, /*allow_empty=*/true);
@@ -464,7 +453,11 @@ void run_preprocess(const BwdParams& params, cudaStream_t stream) {
   require_ptr(params.dpsum, "dpsum", what);
   require_ptr(params.lse_log2, "lse_log2", what);
   require_ptr(params.dq_accum, "dq_accum", what);
-  launch_part(params, stream, run_bwd_preprocess, "preprocess kernel");
+  BwdParams p = params;
+  prepare_device(p);
+  cudaGetLastError();  // do not blame this launch for an earlier error
+  run_bwd_preprocess(p, stream);
+  check_launch("preprocess kernel");
 }
 
 void run_postprocess(const BwdParams& params, cudaStream_t stream) {
@@ -477,7 +470,11 @@ void run_postprocess(const BwdParams& params, cudaStream_t stream) {
     require_ptr(params.dk, "dk", what);
     require_ptr(params.dv, "dv", what);
   }
-  launch_part(params, stream, run_bwd_postprocess, "postprocess kernel");
+  BwdParams p = params;
+  prepare_device(p);
+  cudaGetLastError();
+  run_bwd_postprocess(p, stream);
+  check_launch("postprocess kernel");
 }
 
 void run_classification(const BwdParams& params, cudaStream_t stream) {
@@ -486,7 +483,11 @@ void run_classification(const BwdParams& params, cudaStream_t stream) {
   if (is_empty(params) || params.mask_kind == MaskKind::kNone) return;
   require_ptr(params.mask, "mask", what);
   require_ptr(params.tile_class, "tile_class", what);
-  launch_part(params, stream, run_mask_classify, "mask classification kernel");
+  BwdParams p = params;
+  prepare_device(p);
+  cudaGetLastError();
+  run_mask_classify(p, stream);
+  check_launch("mask classification kernel");
 }
 
 void run(const BwdParams& params, cudaStream_t stream) {
