@@ -15,7 +15,9 @@ sequences). Backward only, interleaved (ours masked, cuDNN masked, ours causal, 
                                      [--kv-heads 4] [--classes]
 
 --kv-heads: GQA (k / v with fewer heads, as Llama-style models); --classes prints the share of
-empty / partial / full tiles the classification found for each mask.
+empty / partial / full tiles the classification found for each mask; --fill cudnn makes the
+bias 0 / -65504, as torch 2.11 hands a boolean mask to cuDNN (tools/mask_conversion_probe.py),
+instead of 0 / -inf.
 """
 import argparse
 import json
@@ -28,7 +30,7 @@ from bench_bwd import time_interleaved  # the interleaved CUDA-event timer (medi
 aten = torch.ops.aten
 
 
-def make_bias(kind, b, s):
+def make_bias(kind, b, s, fill=float("-inf")):
     i = torch.arange(s, device="cuda")[:, None]
     j = torch.arange(s, device="cuda")[None, :]
     causal = j <= i
@@ -45,7 +47,7 @@ def make_bias(kind, b, s):
     else:
         raise ValueError(kind)
     bias = torch.zeros(b, 1, s, s, device="cuda", dtype=torch.bfloat16)
-    return bias.masked_fill_(~keep[:, None], float("-inf"))
+    return bias.masked_fill_(~keep[:, None], fill)
 
 
 def cudnn_backward(q, k, v, dout, bias, causal, scale):
@@ -78,6 +80,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--kv-heads", type=int, default=16)
     ap.add_argument("--classes", action="store_true")
+    ap.add_argument("--fill", choices=("inf", "cudnn"), default="inf",
+                    help="masked bias entries: -inf, or -65504 as torch hands cuDNN a bool mask")
     args = ap.parse_args()
     d, h, hkv = 128, 16, args.kv_heads
     scale = d ** -0.5
@@ -94,7 +98,7 @@ def main():
         causal_run, (o_c, lse_c) = cudnn_backward(q, k, v, dout, None, True, scale)
         ours_causal = ours_backward(q, k, v, dout, None, True, scale, o_c, lse_c)
         for kind in args.kinds.split(","):
-            bias = make_bias(kind, b, s)
+            bias = make_bias(kind, b, s, float("-inf") if args.fill == "inf" else -65504.0)
             cudnn_mask, (o_m, lse_m) = cudnn_backward(q, k, v, dout, bias, False, scale)
             ours_mask = ours_backward(q, k, v, dout, bias, False, scale, o_m, lse_m)
             t = time_interleaved({"ours mask": ours_mask, "cudnn mask": cudnn_mask,
@@ -105,7 +109,8 @@ def main():
                        ours_mask_over_causal=t["ours mask"] / t["ours causal"])
             if args.classes:
                 from torch_sm90_sdpa import _cuda_backend
-                cls = _cuda_backend.tile_classes(bias.expand(b, h, s, s), q, k)
+                cls = _cuda_backend.tile_classes(bias.expand(b, h, s, s), q, k, lse=lse_m,
+                                                 scale=scale)
                 row["tile_classes"] = {name: (cls == code).float().mean().item()
                                        for code, name in enumerate(("empty", "partial", "full"))}
             rows.append(row)

@@ -83,6 +83,14 @@ struct BwdParams {
   // tile_m query rows by tile_n keys (the variant's kBlockM x kBlockN).
   unsigned char* tile_class = nullptr;
   int tile_m = 0, tile_n = 0, num_m_blocks = 0, num_n_blocks = 0;
+  // Additive (float) masks only, else nullptr: per mask instance and block, bounds of the
+  // scores that let the classification prove a finite bias hides a tile (mask_classify.h):
+  //   q_norm_max  [mask_batch, mask_heads, num_m_blocks]  max ||q_i|| over the live rows
+  //   lse_min     [mask_batch, mask_heads, num_m_blocks]  min lse_log2 over the live rows
+  //   k_norm_max  [mask_batch, mask_heads, num_n_blocks]  max ||k_j|| over the keys < Sk
+  float* q_norm_max = nullptr;
+  float* lse_min = nullptr;
+  float* k_norm_max = nullptr;
 
   // ---- fp32 workspaces, contiguous, allocated by the caller (no need to zero them) ----
   float* dpsum = nullptr;      // [B, Hq, Sq_rounded]    rowsum(dO * O) per row; 0 in padding

@@ -23,7 +23,114 @@ struct ClassifyArgs {
   int seqlen_q, seqlen_k, tile_m, tile_n, num_m_blocks, num_n_blocks, mask_heads;
   bool is_causal;
   unsigned char* tile_class;
+  // additive masks: the score bounds of each instance's blocks (null for bool masks)
+  const float* q_norm_max;  // [mask_batch, mask_heads, num_m_blocks]
+  const float* lse_min;     // [mask_batch, mask_heads, num_m_blocks]
+  const float* k_norm_max;  // [mask_batch, mask_heads, num_n_blocks]
+  float scale_log2_abs;
 };
+
+// ---- score bounds (additive masks) ---------------------------------------------------------
+
+struct BoundsArgs {
+  const void* q;  // [B, Hq, Sq, D]
+  int64_t q_sb, q_sh, q_sr;
+  const void* k;  // [B, Hkv, Sk, D]
+  int64_t k_sb, k_sh, k_sr;
+  const float* lse_log2;  // [B, Hq, Sq_rounded]
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_k, seqlen_q_rounded, head_dim;
+  int tile_m, tile_n, num_m_blocks, num_n_blocks, mask_batch, mask_heads;
+  float* q_norm_max;
+  float* lse_min;
+  float* k_norm_max;
+};
+
+template <typename T>
+__device__ __forceinline__ float elem_to_float(T x);
+template <>
+__device__ __forceinline__ float elem_to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float elem_to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+// ||row|| of D elements by one warp; +inf when not finite (a NaN must never shrink a bound).
+template <typename T>
+__device__ float row_norm(const T* row, int dim, int lane) {
+  float acc = 0.f;
+  for (int c = lane; c < dim; c += 32) {
+    const float x = elem_to_float<T>(row[c]);
+    acc = fmaf(x, x, acc);
+  }
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  const float n = sqrtf(acc);
+  return n <= 3.0e38f ? n : INFINITY;
+}
+
+// One CTA per (block, mask head instance, mask batch instance): blockIdx.x < num_m_blocks is
+// a query block (max ||q_i|| and min lse_log2 over its live rows, lse_log2 < +inf, of every
+// (batch, q head) the instance covers), the rest key blocks (max ||k_j||, keys < Sk, of every
+// (batch, kv head) it covers). A warp per row.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) block_bounds_kernel(const BoundsArgs a) {
+  const int mh = blockIdx.y, mb = blockIdx.z;
+  const int b0 = a.mask_batch == 1 ? 0 : mb, b1 = a.mask_batch == 1 ? a.batch : mb + 1;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
+  const bool q_side = int(blockIdx.x) < a.num_m_blocks;
+  float norm_max = 0.f, lse_lo = INFINITY;
+  if (q_side) {
+    const int m = blockIdx.x;
+    const int h0 = a.mask_heads == 1 ? 0 : mh, h1 = a.mask_heads == 1 ? a.heads_q : mh + 1;
+    const int r0 = m * a.tile_m, r1 = min(r0 + a.tile_m, a.seqlen_q);
+    const int rows = r1 - r0, per_bh = rows > 0 ? rows : 0;
+    const int64_t total = int64_t(b1 - b0) * (h1 - h0) * per_bh;
+    for (int64_t t = warp; t < total; t += warps) {
+      const int r = r0 + int(t % per_bh);
+      const int64_t bh = t / per_bh;
+      const int h = h0 + int(bh % (h1 - h0)), b = b0 + int(bh / (h1 - h0));
+      float l = a.lse_log2[(int64_t(b) * a.heads_q + h) * a.seqlen_q_rounded + r];
+      if (l == INFINITY) continue;  // P = 0 on this row whatever the scores
+      if (l != l) l = -INFINITY;    // NaN: no bound
+      const T* row = static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + r * a.q_sr;
+      norm_max = fmaxf(norm_max, row_norm<T>(row, a.head_dim, lane));
+      lse_lo = fminf(lse_lo, l);
+    }
+  } else {
+    const int n = int(blockIdx.x) - a.num_m_blocks;
+    const int group = a.heads_q / a.heads_kv;
+    const int h0 = a.mask_heads == 1 ? 0 : mh / group;
+    const int h1 = a.mask_heads == 1 ? a.heads_kv : mh / group + 1;
+    const int r0 = n * a.tile_n, r1 = min(r0 + a.tile_n, a.seqlen_k);
+    const int per_bh = r1 > r0 ? r1 - r0 : 0;
+    const int64_t total = int64_t(b1 - b0) * (h1 - h0) * per_bh;
+    for (int64_t t = warp; t < total; t += warps) {
+      const int r = r0 + int(t % per_bh);
+      const int64_t bh = t / per_bh;
+      const int h = h0 + int(bh % (h1 - h0)), b = b0 + int(bh / (h1 - h0));
+      const T* row = static_cast<const T*>(a.k) + b * a.k_sb + h * a.k_sh + r * a.k_sr;
+      norm_max = fmaxf(norm_max, row_norm<T>(row, a.head_dim, lane));
+    }
+  }
+  __shared__ float s_norm[kThreads / 32], s_lse[kThreads / 32];
+  if (lane == 0) {
+    s_norm[warp] = norm_max;
+    s_lse[warp] = lse_lo;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < warps; ++w) {
+      norm_max = fmaxf(norm_max, s_norm[w]);
+      lse_lo = fminf(lse_lo, s_lse[w]);
+    }
+    const int64_t inst = int64_t(mb) * a.mask_heads + mh;
+    if (q_side) {
+      a.q_norm_max[inst * a.num_m_blocks + blockIdx.x] = norm_max;
+      a.lse_min[inst * a.num_m_blocks + blockIdx.x] = lse_lo;
+    } else {
+      a.k_norm_max[inst * a.num_n_blocks + (blockIdx.x - a.num_m_blocks)] = norm_max;
+    }
+  }
+}
 
 template <MaskKind kKind>
 struct MaskElem;
@@ -46,6 +153,20 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
   const int q0 = m_block * a.tile_m, k0 = n_block * a.tile_n;
   const T* base = static_cast<const T*>(a.mask) + int64_t(b) * a.sb + int64_t(h) * a.sh;
   bool any_visible = false, all_full = true;
+  // additive masks: a finite entry below `dead_below` (log2 domain) gives P = 0 exactly
+  // (mask_classify.h); -inf when no bound holds (bool masks never use it)
+  float dead_below = -INFINITY;
+  bool no_live_row = false;
+  if (kKind != MaskKind::kBool && a.q_norm_max != nullptr) {
+    const int64_t inst = int64_t(b) * a.mask_heads + h;
+    const float lse_lo = a.lse_min[inst * a.num_m_blocks + m_block];
+    no_live_row = lse_lo == INFINITY;  // every row of the tile has P = 0
+    const float bound = a.scale_log2_abs * a.q_norm_max[inst * a.num_m_blocks + m_block] *
+                            a.k_norm_max[inst * a.num_n_blocks + n_block] * (1.f + 1.f / 128.f) +
+                        1.f - lse_lo;
+    const float limit = -160.f - bound;
+    if (limit == limit) dead_below = limit;  // NaN (inf - inf): no bound
+  }
   const int chunks_per_row = a.tile_n / kChunk;
   const int chunks = a.tile_m * chunks_per_row;
   for (int i = threadIdx.x; i < chunks; i += kThreads) {
@@ -84,7 +205,8 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
           } else {
             f = x;
           }
-          visible = f != -INFINITY;
+          // (the main kernel adds f * log2(e), rounded the same way)
+          visible = f != -INFINITY && !(f * 1.4426950408889634f < dead_below);
           zero = f == 0.f;
         }
       }
@@ -92,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
       all_full &= visible && zero;
     }
   }
-  any_visible = __syncthreads_or(any_visible);
+  any_visible = __syncthreads_or(any_visible) && !no_live_row;
   all_full = __syncthreads_and(all_full);
   if (threadIdx.x == 0) {
     const int64_t idx = ((int64_t(b) * a.mask_heads + h) * a.num_n_blocks + n_block) *
@@ -119,6 +241,48 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
   a.mask_heads = p.mask_heads;
   a.is_causal = p.is_causal;
   a.tile_class = p.tile_class;
+  if (p.mask_kind != MaskKind::kBool && p.q_norm_max != nullptr && p.lse_min != nullptr &&
+      p.k_norm_max != nullptr) {
+    BoundsArgs ba{};
+    ba.q = p.q;
+    ba.q_sb = p.q_batch_stride;
+    ba.q_sh = p.q_head_stride;
+    ba.q_sr = p.q_row_stride;
+    ba.k = p.k;
+    ba.k_sb = p.k_batch_stride;
+    ba.k_sh = p.k_head_stride;
+    ba.k_sr = p.k_row_stride;
+    ba.lse_log2 = p.lse_log2;
+    ba.batch = p.batch;
+    ba.heads_q = p.heads_q;
+    ba.heads_kv = p.heads_kv;
+    ba.seqlen_q = p.seqlen_q;
+    ba.seqlen_k = p.seqlen_k;
+    ba.seqlen_q_rounded = p.seqlen_q_rounded;
+    ba.head_dim = p.head_dim;
+    ba.tile_m = p.tile_m;
+    ba.tile_n = p.tile_n;
+    ba.num_m_blocks = p.num_m_blocks;
+    ba.num_n_blocks = p.num_n_blocks;
+    ba.mask_batch = p.mask_batch;
+    ba.mask_heads = p.mask_heads;
+    ba.q_norm_max = p.q_norm_max;
+    ba.lse_min = p.lse_min;
+    ba.k_norm_max = p.k_norm_max;
+    const dim3 bgrid(unsigned(p.num_m_blocks + p.num_n_blocks), unsigned(p.mask_heads),
+                     unsigned(p.mask_batch));
+    if (bgrid.x > 0 && bgrid.y > 0 && bgrid.z > 0) {
+      if (p.dtype == DType::kFloat16) {
+        block_bounds_kernel<__half><<<bgrid, kThreads, 0, stream>>>(ba);
+      } else {
+        block_bounds_kernel<__nv_bfloat16><<<bgrid, kThreads, 0, stream>>>(ba);
+      }
+    }
+    a.q_norm_max = p.q_norm_max;
+    a.lse_min = p.lse_min;
+    a.k_norm_max = p.k_norm_max;
+    a.scale_log2_abs = fabsf(p.scale_log2);
+  }
   const dim3 grid(unsigned(p.num_m_blocks * p.num_n_blocks), unsigned(p.mask_heads),
                   unsigned(p.mask_batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;

@@ -10,13 +10,24 @@ namespace sm90_sdpa {
 
 // For every distinct mask instance (mask_batch x mask_heads) and every tile of the main
 // kernel's grid (tile_m query rows x tile_n keys), writes tile_class[b][h][n_block][m_block]:
-//   kTileEmpty    no (query < Sq, key) position of the tile is visible: the main kernel skips it
+//   kTileEmpty    no (query < Sq, key) position of the tile is visible: the main kernel skips it.
+//                 Masked are -inf entries and, for an additive mask, finite entries b so
+//                 negative that P = exp2(s' + b * log2(e) - lse_log2) is exactly 0 in the main
+//                 kernel whatever the tile's scores: b * log2(e) < -160 - bound, with
+//                 bound = |scale_log2| * max ||q_i|| * max ||k_j|| * (1 + 2^-7) + 1 - min lse_log2
+//                 over the tile's live rows (Cauchy-Schwarz; lse_log2 = +inf rows have P = 0
+//                 anyway). E.g. the 0 / -65504 bias torch hands cuDNN for a boolean mask.
+//                 Rows whose every key carries such a bias have an lse near the bias itself:
+//                 the bound fails there and their tiles are computed.
 //   kTileFull     every position with query < Sq is visible (key < Sk, the causal cut and the
 //                 mask all allow it) and, for a bias, adds exactly 0: no mask work at all
 //   kTilePartial  anything else: the main kernel applies the mask, the causal cut and the key
 //                 tail there
 // Each mask element is read once per instance (broadcast dims are not expanded). Reads:
-// batch, heads_q, seqlen_q, seqlen_k, is_causal, mask*, tile_*, num_*_blocks, num_sms.
+// batch, heads_q, seqlen_q, seqlen_k, is_causal, mask*, tile_*, num_*_blocks, num_sms; for an
+// additive mask also q, k (their strides), lse_log2 (written by the preprocess, which must
+// run first), scale_log2, and writes q_norm_max, lse_min, k_norm_max (the bounds, computed
+// by a first kernel).
 void run_mask_classify(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace sm90_sdpa

@@ -315,6 +315,14 @@ WorkspaceLayout workspace_layout(const BwdProblem& p) {
       o += round_up(tiles, 16);
     }
   }
+  w.score_bounds = o;
+  if (p.mask_kind > static_cast<int>(MaskKind::kBool)) {  // additive: fp32 bounds per block
+    const int bm = tile_block_m(p.head_dim), bn = tile_block_n(p.head_dim);
+    if (bm > 0 && bn > 0) {
+      const int64_t inst = int64_t(mask_instances_batch(p)) * mask_instances_heads(p);
+      o += round_up(4 * inst * (2 * ((p.seqlen_q + bm - 1) / bm) + (p.seqlen_k + bn - 1) / bn), 16);
+    }
+  }
   w.dq_semaphore = o;
   if (p.deterministic) {
     const int bm = tile_block_m(p.head_dim);
@@ -406,6 +414,13 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   n.lse_log2 = at(w.lse_log2);
   if (p.mask_kind != 0 && base != nullptr) {
     n.tile_class = reinterpret_cast<unsigned char*>(base + w.tile_class);
+  }
+  if (p.mask_kind > static_cast<int>(MaskKind::kBool) && base != nullptr && n.num_m_blocks > 0) {
+    const int64_t inst = int64_t(n.mask_batch) * n.mask_heads;
+    float* bounds = reinterpret_cast<float*>(base + w.score_bounds);
+    n.q_norm_max = bounds;
+    n.lse_min = bounds + inst * n.num_m_blocks;
+    n.k_norm_max = bounds + 2 * inst * n.num_m_blocks;
   }
   if (p.deterministic && base != nullptr) {
     n.dq_semaphore = reinterpret_cast<int*>(base + w.dq_semaphore);

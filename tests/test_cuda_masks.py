@@ -52,9 +52,17 @@ def make_mask(kind, b, hq, sq, sk, dtype):
         return m.to(DEV, dtype)
     elif kind == "additive 0/-inf [B,1,Sq,Sk]":
         return as_bias(padding(b, sq, sk, [sk, sk - 100][:b]), dtype).to(DEV)
+    elif kind.startswith("cuDNN fill "):  # a bool mask as torch hands it to cuDNN: 0 / -65504
+        m = make_mask(kind[len("cuDNN fill "):], b, hq, sq, sk, dtype)
+        return cudnn_fill(m, dtype)
     else:
         raise ValueError(kind)
     return m.to(DEV)
+
+
+def cudnn_fill(mask, dtype):
+    """A bool mask as the bias torch's cuDNN path makes of it: 0 attend, -65504 masked."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -65504.0)
 
 
 def reference_out_lse(q, k, v, mask, is_causal, scale):
@@ -219,3 +227,40 @@ def test_opcheck_with_a_mask_on_cuda():
     o64, lse64 = reference_out_lse(q, k, v, mask, False, 0.1)
     torch.library.opcheck(sdpa_backward.default, (torch.randn_like(q), q, k, v, o64.to(q.dtype),
                                                   lse64.float(), False, 0.1, False, mask))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("kind", ["causal", "padding right", "padding left", "sliding window",
+                                  "rows without keys"])
+def test_cudnn_fill_masks_against_fp64(kind, dtype):
+    """Finite biases as torch hands cuDNN a bool mask (-65504): the classification proves the
+    hidden tiles empty from score bounds; rows whose every key carries the bias (left padding,
+    rows without keys) keep their tiles and match float64 with the same finite bias."""
+    run_masked(f"cuDNN fill {kind}", 2, 8, 2, 700, 700, 128, torch.bfloat16, mask_dtype=dtype)
+
+
+def test_tile_classes_of_a_cudnn_fill_causal_mask():
+    """The -65504 causal bias is classified like the -inf one where the score bound proves the
+    fill hides the tiles, and not where it cannot (a row with no visible key)."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    need_variant(128, torch.bfloat16)
+    sq = sk = 1000
+    g = torch.Generator(device=DEV).manual_seed(5)
+    q = torch.randn(1, 2, sq, 128, device=DEV, generator=g).to(torch.bfloat16)
+    k = torch.randn(1, 2, sk, 128, device=DEV, generator=g).to(torch.bfloat16)
+    scale = 128 ** -0.5
+    want = cb.tile_classes(causal_bool(sq, sk, DEV), q, k)
+    bias = cudnn_fill(causal_bool(sq, sk, DEV), torch.bfloat16)
+    _, lse = reference_out_lse(q, k, k, bias, False, scale)
+    got = cb.tile_classes(bias, q, k, lse=lse.float(), scale=scale)
+    assert torch.equal(got, want)
+    # a row whose every key carries the fill has an lse near the fill: its m-block's tiles
+    # cannot be proved empty (test_cudnn_fill_masks_against_fp64 checks their gradients)
+    rows = causal_bool(sq, sk, DEV).clone()
+    rows[70] = False
+    bias = cudnn_fill(rows, torch.bfloat16)
+    _, lse = reference_out_lse(q, k, k, bias, False, scale)
+    got = cb.tile_classes(bias, q, k, lse=lse.float(), scale=scale)
+    assert (got[0, 0, :, 1] != 0).all()  # m-block 1 holds row 70
+    assert torch.equal(got[..., 2:], want[..., 2:])

@@ -161,20 +161,23 @@ def run_backward(params, device=None) -> None:
     _run("run", params, device)
 
 
-def tile_classes(attn_mask, q, k, is_causal=False) -> Tensor:
+def tile_classes(attn_mask, q, k, is_causal=False, lse=None, scale=1.0) -> Tensor:
     """The mask classification kernel's verdict on this mask for q / k's problem (tests):
-    uint8 [mask_batch, mask_heads, n_blocks, m_blocks], 0 empty, 1 partial, 2 full."""
+    uint8 [mask_batch, mask_heads, n_blocks, m_blocks], 0 empty, 1 partial, 2 full.
+    lse [B, Hq, Sq] (default zeros) and scale enter the score bounds of additive masks (the
+    preprocess runs first, as in the backward)."""
     C = _module()
-    v, out, lse = k, q, torch.empty(q.shape[:3], device=q.device)
+    v, out = k, q
+    lse = torch.zeros(q.shape[:3], device=q.device) if lse is None else lse
     problem = problem_of(q, q, k, v, out, lse, is_causal, attn_mask=attn_mask)
     ws = torch.empty(C.workspace_layout(problem).bytes, dtype=torch.uint8, device=q.device)
     ptrs = C.BwdPointers(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
                          dout=q.data_ptr(), lse=lse.data_ptr(), mask=attn_mask.data_ptr(),
                          workspace=ws.data_ptr())
-    params = C.make_params(problem, ptrs, 1.0)
-    run_fn = getattr(C, "classify")
+    params = C.make_params(problem, ptrs, float(scale))
     with torch.cuda.device(q.device):
-        run_fn(params, _stream(q.device))
+        C.preprocess(params, _stream(q.device))
+        C.classify(params, _stream(q.device))
     start = params.tile_class - ws.data_ptr()
     n = params.mask_batch * params.mask_heads * params.num_n_blocks * params.num_m_blocks
     return ws[start:start + n].view(params.mask_batch, params.mask_heads, params.num_n_blocks,
