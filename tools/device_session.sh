@@ -9,7 +9,12 @@
 #   bench      benchmarks/bench_bwd.py --quick (side-by-side backward TFLOP/s)
 #   masks      benchmarks/bench_masks.py (masked backward against the stock masked kernels)
 #   det        benchmarks/bench_deterministic.py --quick (deterministic mode against ours and stock)
+#   detpaths   benchmarks/bench_deterministic_paths.py --quick ${DETPATH_ARGS} (public paths under
+#              use_deterministic_algorithms(True))
 #   sanitize   compute-sanitizer memcheck + racecheck on tools/sanitize_case.py
+# The built extension (gzipped: files come back at most 16 MiB each) and its config are copied
+# to OUTDIR/prebuilt: unpack them into torch_sm90_sdpa/ and set PREBUILT=1 to skip the build of
+# a later call on the same commit.
 # TESTS (environment, optional): the pytest arguments of the tests step instead of the whole
 # suite, e.g. TESTS="-n 8 tests/test_cuda_deterministic.py".
 # Carry .whl (nvidia-cutlass, expecttest). Prints a short summary last.
@@ -29,6 +34,9 @@ has tests || TEST_ARGS=(tests/test_build.py -k build_info)  # still builds, runs
 t0=$(date +%s)
 tools/gpu_check.sh "$OUT/check" "${TEST_ARGS[@]}" > "$OUT/gpu_check.log" 2>&1
 summary+=("gpu_check (build + tests): exit $? in $(( $(date +%s) - t0 )) s")
+mkdir -p "$OUT/prebuilt"
+for so in torch_sm90_sdpa/_C*.so; do gzip -c "$so" > "$OUT/prebuilt/$(basename "$so").gz"; done
+cp torch_sm90_sdpa/_build_config.py "$OUT/prebuilt/" 2>/dev/null
 export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 if has host; then
@@ -47,6 +55,11 @@ if has det; then
   timeout 400 python3 benchmarks/bench_deterministic.py --quick ${DET_ARGS:-} > "$OUT/bench_deterministic.txt" 2>&1
   summary+=("bench_deterministic: exit $?")
 fi
+if has detpaths; then
+  timeout 420 python3 benchmarks/bench_deterministic_paths.py --quick ${DETPATH_ARGS:-} \
+    > "$OUT/bench_deterministic_paths.txt" 2>&1
+  summary+=("bench_deterministic_paths: exit $?")
+fi
 if has sanitize; then
   for tool in memcheck racecheck; do
     timeout 240 compute-sanitizer --tool "$tool" python3 tools/sanitize_case.py \
@@ -58,7 +71,7 @@ fi
 echo "==== summary ===="
 cat "$OUT/check/summary.txt" 2>/dev/null | sed -n '1,40p'
 printf '%s\n' "${summary[@]}"
-for f in host_overhead.txt bench_bwd.txt bench_masks.txt bench_deterministic.txt; do
+for f in host_overhead.txt bench_bwd.txt bench_masks.txt bench_deterministic.txt bench_deterministic_paths.txt; do
   [ -f "$OUT/$f" ] && { echo "---- $f"; tail -n 40 "$OUT/$f"; }
 done
 exit 0

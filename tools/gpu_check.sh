@@ -12,7 +12,8 @@
 # Writes into OUTDIR: build.log, nvidia-smi.txt, tests.log, junit.xml, sass_summary.txt (when
 # cuobjdump exists), summary.txt (printed last). Exits non-zero when the setup, the build or
 # the tests fail; the summary is written in every case. PYTEST_TIMEOUT_S (optional) bounds the
-# pytest run.
+# pytest run. PREBUILT=1 skips the build when torch_sm90_sdpa/_C*.so and _build_config.py are
+# present (carried from an earlier call on the same commit: device_session.sh saves them).
 set -uo pipefail
 
 if [ $# -lt 1 ]; then
@@ -68,7 +69,13 @@ gpu_name=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,
 gpu_name=${gpu_name:-"no GPU visible (nvidia-smi failed)"}
 
 # ---- 3. build -----------------------------------------------------------------------------
-if [ "$status" -eq 0 ]; then
+prebuilt=$(ls torch_sm90_sdpa/_C*.so 2>/dev/null | head -n 1)
+if [ "$status" -eq 0 ] && [ "${PREBUILT:-0}" = 1 ] && [ -n "$prebuilt" ] \
+    && [ -f torch_sm90_sdpa/_build_config.py ]; then
+  # PREBUILT=1: the caller carried _C*.so and _build_config.py built from this same commit
+  note "PREBUILT=1: using the carried $prebuilt, no build"
+  build_status="ok (prebuilt, carried)"
+elif [ "$status" -eq 0 ]; then
   note "building (MAX_JOBS=$MAX_JOBS, HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:-default}," \
        "DTYPES=${TORCH_SM90_SDPA_DTYPES:-default})"
   t0=$(date +%s.%N)
@@ -105,7 +112,7 @@ for n, (h, t) in sorted(counts.items()):
 fi
 
 # ---- 5. tests -----------------------------------------------------------------------------
-if [ "$build_status" = "ok" ]; then
+if [[ "$build_status" == ok* ]]; then
   targets=(tests)
   for a in "$@"; do
     if [ -e "${a%%::*}" ]; then targets=(); break; fi
