@@ -2,7 +2,8 @@
     compute-sanitizer --tool racecheck python3 tools/sanitize_case.py
 MHA and GQA epilogues, both tile families, masked calls (bool and additive masks, with
 empty, partial and full tiles, broadcast over heads and batch), and the deterministic mode
-(its dQ turn counters; GQA's per-q-head dK / dV; a mask) on three of them."""
+(its dQ turn counters; GQA's per-q-head dK / dV; a mask) on three of them, and a finite-fill
+bias (the score-bound pass of the classification)."""
 import torch
 
 import torch_sm90_sdpa  # noqa: F401
@@ -15,6 +16,7 @@ CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal, mask, deterministic)
     (2, 2, 2, 300, 300, 128, False, "padding bool [B,1,S,S]", False),
     (2, 4, 2, 260, 260, 64, False, "sliding-window bias [S,S]", False),
     (2, 2, 1, 200, 333, 256, True, "key padding bool [B,1,1,Sk]", False),
+    (2, 2, 2, 300, 300, 128, False, "cudnn-fill causal bias [B,1,S,S]", False),
     (1, 2, 2, 200, 200, 128, True, None, True),
     (1, 4, 2, 130, 77, 64, False, None, True),
     (2, 4, 2, 260, 260, 64, False, "sliding-window bias [S,S]", True),
@@ -28,6 +30,9 @@ def make_mask(kind, b, sq, sk):
         keep = (j <= i)[None, None].repeat(b, 1, 1, 1)
         keep[-1, ..., sk // 2:] = False
         return keep
+    if kind.startswith("cudnn-fill"):  # torch 2.11's bool mask as cuDNN gets it: finite fill
+        keep = (j <= i)[None, None].repeat(b, 1, 1, 1)
+        return torch.zeros(b, 1, sq, sk, device="cuda", dtype=torch.bfloat16).masked_fill(~keep, -65504.0)
     if kind.startswith("sliding"):
         keep = (j <= i) & (j > i - 64)
         return torch.zeros(sq, sk, device="cuda").masked_fill(~keep, float("-inf"))
