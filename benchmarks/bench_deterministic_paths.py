@@ -14,6 +14,7 @@ torch.use_deterministic_algorithms(True), against what stock SDPA runs there.
    compiled graph passes SDPA a materialized causal mask.
 
     python benchmarks/bench_deterministic_paths.py [--quick] [--layers 4] [--steps 10] [--llama]
+                                                   [--no-drop-in | --no-models]
 """
 import argparse
 import copy
@@ -166,21 +167,7 @@ def model_row(name, base, loss_fn, ids, steps):
     torch.cuda.empty_cache()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="drop-in rows at s = 2k and 8k only")
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--llama", action="store_true", help="also the transformers Llama (d128)")
-    ap.add_argument("--no-models", action="store_true")
-    a = ap.parse_args()
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        print("needs an SM90 GPU")
-        return 1
-    torch.use_deterministic_algorithms(True)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; deterministic algorithms on; "
-          f"backward TFLOP/s, median of {a.reps}, interleaved; bf16, b = 16384/s, h = 2048/d")
+def drop_in_rows(a):
     print(f"{'row':36s} {'drop-in':>8s} {'op':>6s} {'stock':>6s}   {'in/stk':>6s} {'op/in-1':>8s}")
     seqs = (2048, 8192) if a.quick else (1024, 2048, 4096, 8192, 16384)
     rows = [drop_in_row(max(1, 16384 // s), 2048 // d, 2048 // d, s, d, causal, a.reps)
@@ -191,6 +178,26 @@ def main():
           f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(rows)} rows; "
           f"op over drop-in: max {100 * max(r[1] for r in rows):+.1f}%; bitwise repeatable on "
           f"{sum(r[2] for r in rows)} of {len(rows)} rows", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="drop-in rows at s = 2k and 8k only")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--llama", action="store_true", help="also the transformers Llama (d128)")
+    ap.add_argument("--no-models", action="store_true", help="the drop-in rows only")
+    ap.add_argument("--no-drop-in", action="store_true", help="the model steps only")
+    a = ap.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("needs an SM90 GPU")
+        return 1
+    torch.use_deterministic_algorithms(True)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; deterministic algorithms on; "
+          f"backward TFLOP/s, median of {a.reps}, interleaved; bf16, b = 16384/s, h = 2048/d")
+    if not a.no_drop_in:
+        drop_in_rows(a)
     if a.no_models:
         return 0
     torch.manual_seed(0)

@@ -340,6 +340,39 @@ padding input: (['kept: depends on graph inputs'], [(False, True)])""")
                 self.assertFalse(any("where" in str(n.target) for n in gm.graph.nodes))
         self.assertEqual(outcomes, {"cudnn": ["dropped"], "efficient": ["kept: not the causal mask"]})
 
+    def test_mask_expanded_over_heads_counts_its_stored_elements(self):
+        """The memory-efficient nodes get the mask expanded over heads (stride 0): the size limit
+        of the evaluation counts what evaluating it stores (S x S here), not its numel
+        (B x H x S x S). torch 2.11 under deterministic algorithms, Llama d128 b2 s8192: the
+        numel rule kept the mask ("too large to evaluate") and stock ran its masked kernels."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        from torch_sm90_sdpa import causal_masks
+
+        b, h, s, d = 2, 4, 24, 64
+
+        def fn(q, k, v, go):
+            i = torch.arange(s, device=q.device)
+            keep = i.unsqueeze(0) <= i.unsqueeze(1)
+            zero = torch.full([], 0.0, dtype=torch.bfloat16, device=q.device)
+            fill = torch.full([], float("-inf"), dtype=torch.bfloat16, device=q.device)
+            bias = torch.where(keep, zero, fill).unsqueeze(0).unsqueeze(0).expand(b, h, s, s)
+            o, lse, seed, off = aten._scaled_dot_product_efficient_attention(
+                q, k, v, bias, True, 0.0, False)
+            return aten._scaled_dot_product_efficient_attention_backward(
+                go, q, k, v, bias, o, lse, seed, off, 0.0, [True, True, True, False], False)
+
+        outcomes = {}
+        for limit in (s * s, s * s - 1):  # b * h * s * s elements is far above both
+            with FakeTensorMode():
+                q, k, v, go = (torch.empty(b, h, s, d, dtype=torch.bfloat16, device="cuda")
+                               for _ in range(4))
+                gm = make_fx(fn)(q, k, v, go)
+            with mock.patch.object(causal_masks, "MAX_EVAL_ELEMENTS", limit):
+                outcomes[limit] = sorted({o for _, o in causal_masks.drop_causal_masks(gm.graph)})
+        self.assertEqual(outcomes, {s * s: ["dropped"], s * s - 1: ["kept: too large to evaluate"]})
+
     def test_cudnn_bool_mask_fill_counts_as_masked_for_cudnn_nodes_only(self):
         """torch hands cuDNN a boolean mask as a 0 / -65504 bias (-65536 in bf16): for masks
         whose users are all cuDNN nodes that fill counts as masked, elsewhere only -inf does."""

@@ -13,8 +13,8 @@ the stock causal kernels (or, after the post-grad rewrite, ours): the same funct
 ops of an allow-list (iota, arange, comparisons, logical and arithmetic ops, views, where,
 full, ...), every size is a static int (with symbolic sizes the mask is kept: the runtime tile
 classification serves it), the mask is evaluated on the CPU at the actual sizes (up to
-MAX_EVAL_ELEMENTS elements) and compared, element by element over every batch and head, with
-the top-left causal mask (bool masks: equal; float masks: 0 where causal keeps, -inf where it
+MAX_EVAL_ELEMENTS stored elements per node: broadcast dims count once) and compared, element by
+element over every batch and head, with the top-left causal mask (bool masks: equal; float masks: 0 where causal keeps, -inf where it
 masks). Only square attention (Sq == Sk) is rewritten, where every backend agrees on causal
 alignment.
 
@@ -111,6 +111,17 @@ def _static(x) -> bool:
     if isinstance(x, (list, tuple)):
         return all(_static(y) for y in x)
     return True
+
+
+def _stored_elements(t: torch.Tensor) -> int:
+    """Elements evaluating `t` stores: broadcast (stride-0) dims count once. The memory-efficient
+    nodes get the mask expanded over heads ([B, Hq, S, S], stride 0 on Hq): its numel counts
+    every head, its evaluation and comparison (_is_causal_mask) one."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= int(size)
+    return n
 
 
 def _producer_subgraph(mask: torch.fx.Node) -> tuple[Optional[list], str]:
@@ -240,11 +251,14 @@ def _prove(mask: torch.fx.Node, users: list) -> str:
         if q.size(2) != k.size(2):
             return "kept: Sq != Sk"
     val = mask.meta.get("val")
-    if val is None or val.numel() > MAX_EVAL_ELEMENTS:
+    if not isinstance(val, torch.Tensor) or _stored_elements(val) > MAX_EVAL_ELEMENTS:
         return "kept: too large to evaluate"
     nodes, why = _producer_subgraph(mask)
     if nodes is None:
         return f"kept: {why}"
+    if any(isinstance(n.meta.get("val"), torch.Tensor)
+           and _stored_elements(n.meta["val"]) > MAX_EVAL_ELEMENTS for n in nodes):
+        return "kept: too large to evaluate"
     q = bind_args(users[0])["query"].meta["val"]
     try:
         # real tensors on the CPU: outside the fake mode Inductor's passes run under

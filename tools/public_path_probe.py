@@ -1,0 +1,63 @@
+"""Where the drop-in's backward loses time against the op called directly (issue 8, item 2).
+
+For each shape and mode (default, deterministic): the backward through the op
+(torch.ops.torch_sm90_sdpa.sdpa_backward) and through the drop-in (torch.autograd.grad of
+torch_sm90_sdpa.scaled_dot_product_attention), interleaved: CUDA-event time per call, and from
+one profiled call of each the CUDA kernels it ran with their summed duration. Equal kernel time
+with unequal event time means host gaps; extra or slower kernels show in the lists.
+
+    python tools/public_path_probe.py
+"""
+import math
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import torch_sm90_sdpa  # noqa: E402
+from bench_bwd import make, time_interleaved  # noqa: E402
+
+SHAPES = [(8, 32, 2048, 64, True), (2, 16, 8192, 128, False)]  # (b, h, s, d, causal)
+
+
+def kernels(fn):
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
+    return sorted(((e.key[:90], e.count, e.device_time_total / 1e3) for e in ev), key=lambda x: -x[2])
+
+
+def main():
+    for b, h, s, d, causal in SHAPES:
+        q, k, v, dout = make(b, h, h, s, d, torch.bfloat16)
+        scale = 1 / math.sqrt(d)
+        o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, False)
+        qs, ks, vs = (t.detach().requires_grad_(True) for t in (q, k, v))
+        od = torch_sm90_sdpa.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
+        print(f"b={b} h={h} s={s} d={d} causal={causal}: q strides {q.stride()}, op out strides "
+              f"{o.stride()}, drop-in out strides {od.stride()}, dout strides {dout.stride()}")
+        for det in (False, True):
+            torch.use_deterministic_algorithms(det)
+            fns = {
+                "op": lambda: torch.ops.torch_sm90_sdpa.sdpa_backward(
+                    dout, q, k, v, o, lse, causal, scale, det),
+                "drop-in": lambda: torch.autograd.grad(od, (qs, ks, vs), dout, retain_graph=True),
+                "drop-in, dout contiguous": lambda: torch.autograd.grad(
+                    od, (qs, ks, vs), dout.contiguous(), retain_graph=True),
+            }
+            ms = time_interleaved(fns, 10)
+            for name, fn in fns.items():
+                ks_ = kernels(fn)
+                total = sum(t for _, _, t in ks_)
+                print(f"  det={det} {name:26s} event {ms[name]:7.3f} ms, kernels {total:7.3f} ms:")
+                for key, count, t in ks_[:6]:
+                    print(f"      {t:7.3f} ms x{count} {key}")
+            torch.use_deterministic_algorithms(False)
+
+
+if __name__ == "__main__":
+    main()
