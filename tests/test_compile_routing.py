@@ -1029,11 +1029,27 @@ class TestSpeedGate(unittest.TestCase):
         for s in (4096, 16384):
             self.assertTrue(policy.faster_than_stock(self.call(64, s, "cudnn")))
 
-    def test_masked_calls_kept_on_stock_by_default(self):
-        for backend in ("cudnn", "flash", "efficient"):
-            call = self.call(128, 4096, backend)
-            call.mask = policy.TensorSpec((1, 1, 4096, 4096), torch.bfloat16, "cuda:0")
-            self.assertEqual(policy.faster_than_stock(call).reason, policy.R_SLOWER, backend)
+    def masked(self, d, s, backend, mask_shape, strides=None):
+        call = self.call(d, s, backend)
+        call.mask = policy.TensorSpec(mask_shape, torch.bfloat16, "cuda:0", strides=strides)
+        return call
+
+    def test_masked_calls_routed_where_measured_faster(self):
+        for backend in ("cudnn", "efficient"):
+            for d, s in [(128, 2048), (128, 8192), (64, 4096)]:
+                for shape, strides in [((1, 1, s, s), None), ((1, 4, s, s), (s * s, 0, s, 1)),
+                                       ((s, s), None), ((1, 1, 1, s), None)]:
+                    self.assertTrue(policy.faster_than_stock(
+                        self.masked(d, s, backend, shape, strides)), (backend, d, s, shape))
+
+    def test_masked_calls_kept_on_stock_elsewhere(self):
+        for backend in ("cudnn", "efficient"):
+            per_head = self.masked(128, 8192, backend, (1, 4, 8192, 8192))  # ALiBi-like bias
+            short = self.masked(128, 1024, backend, (1, 1, 1024, 1024))
+            unmeasured_dim = self.masked(256, 8192, backend, (1, 1, 8192, 8192))
+            for call in (per_head, short, unmeasured_dim):
+                self.assertEqual(policy.faster_than_stock(call).reason, policy.R_SLOWER, backend)
+            self.assertIn("per-head", policy.faster_than_stock(per_head).detail)
 
     def test_flash_and_efficient_always_routed(self):
         for backend in ("flash", "efficient"):

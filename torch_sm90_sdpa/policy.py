@@ -381,15 +381,44 @@ def kernel_verdict(dtype, head_dim, head_dim_v, heads_q, heads_kv, capability,
 FASTER_THAN_CUDNN_MIN_SEQLEN = {64: 4096}
 
 
+# Masked calls: ours skips the tiles a mask hides (also under torch's finite fill for cuDNN,
+# -65504, by score bounds), the stock masked kernels apply it densely. Measured on an H200
+# (BENCHMARKS.md, 2026-11-30): bf16 d128, masks broadcast over heads (causal, padding,
+# sliding window, documents) 1.96-3.02x cuDNN's masked backward at 2k keys, 2.15-6.87x from
+# 4k on; whole steps of compiled transformers Llamas with a padded batch 1.19x (d64, 4k) and
+# 1.39x (d128, 8k) with the masked calls routed. A mask that hides nothing costs ours more than
+# cuDNN's dense masked kernel (17.1 vs 9.2 ms in the d128 step when no tile could be skipped),
+# and per-head biases (ALiBi, relative positions) are dense in practice, so only masks
+# broadcast over heads are routed, for these head dims from this many keys (what was measured).
+MASKED_FASTER_MIN_SEQLEN = {64: 2048, 128: 2048}
+
+
+def _broadcast_over_heads(mask) -> bool:
+    """The mask's head dim ([B, H, Sq, Sk] broadcasting) has size 1 or stride 0 (or is absent)."""
+    if mask.dim() < 3:
+        return True
+    d = mask.dim() - 3
+    return _known(mask.size(d) == 1) or _known(mask.stride(d) == 0)
+
+
+def _masked_faster_than_stock(call: AttentionBackwardCall) -> Decision:
+    head_dim, seqlen_k = call.q.size(-1), call.k.size(2)
+    if not _broadcast_over_heads(call.mask):
+        return _no(R_SLOWER, f"per-head attn_mask {_dims(call.mask)}: dense in practice (ALiBi, "
+                             "relative positions), where the stock masked kernel is faster; "
+                             "enable(only_faster=False) routes it anyway")
+    min_seqlen = MASKED_FASTER_MIN_SEQLEN.get(head_dim)
+    if min_seqlen is not None and isinstance(seqlen_k, int) and seqlen_k >= min_seqlen:
+        return ROUTE
+    return _no(R_SLOWER, f"masked call with head dim {head_dim}, Sk = {seqlen_k}: ours measured "
+                         f"faster only for {MASKED_FASTER_MIN_SEQLEN}; enable(only_faster=False) "
+                         "routes it anyway")
+
+
 def faster_than_stock(call: AttentionBackwardCall) -> Decision:
     """The speed gate: route only where our kernel measured faster than the stock one."""
     if call.has_mask:
-        # Op level ours was 2-7x faster than cuDNN's masked backward (benchmarks/bench_masks.py),
-        # but whole training steps of compiled transformers models were slower with masked
-        # calls routed (0.69-0.76x, benchmarks/bench_transformers.py, BENCHMARKS.md), for a
-        # reason not found yet: masked calls stay on stock until that is understood.
-        return _no(R_SLOWER, "masked call: whole training steps measured slower with it routed "
-                             "(BENCHMARKS.md); enable(only_faster=False) routes it anyway")
+        return _masked_faster_than_stock(call)
     if call.backend != "cudnn":
         # flash / efficient: ours measured faster on every row; under deterministic algorithms
         # these are torch's deterministic kernels, 1.5-3.4x slower than our deterministic mode
