@@ -3,7 +3,7 @@ backward (which applies the mask densely), and both against their is_causal back
 
 The mask is what a compiled transformers model hands the cuDNN backward: an additive bf16 bias
 (0 / -inf) of shape [B, 1, S, S]. Rows per mask kind and sequence length,
-bf16, d = 128, 16 q heads (hidden 2048), batch 16384 / s (at least 2: padding needs two
+bf16, d = 128 (--head-dim), 2048 / d q heads (hidden 2048), batch 16384 / s (at least 2: padding needs two
 sequences). Backward only, interleaved (ours masked, cuDNN masked, ours causal, cuDNN causal,
 ...), median of the repeats. Mask kinds:
   causal          the causal mask as a bias (what transformers builds without padding)
@@ -12,7 +12,7 @@ sequences). Backward only, interleaved (ours masked, cuDNN masked, ours causal, 
   documents       causal within 4 packed documents of equal length (block-diagonal)
 
     python benchmarks/bench_masks.py [--seqs 2048,4096,8192,16384] [--reps 10] [--json OUT]
-                                     [--kv-heads 4] [--classes]
+                                     [--head-dim 128] [--kv-heads 4] [--classes]
 
 --kv-heads: GQA (k / v with fewer heads, as Llama-style models); --classes prints the share of
 empty / partial / full tiles the classification found for each mask; --fill cudnn makes the
@@ -78,12 +78,15 @@ def main():
     ap.add_argument("--kinds", default="causal,padding,sliding window,documents")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json")
-    ap.add_argument("--kv-heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128, help="hidden 2048: 2048 / d q heads")
+    ap.add_argument("--kv-heads", type=int, default=None, help="default: as many as q heads")
     ap.add_argument("--classes", action="store_true")
     ap.add_argument("--fill", choices=("inf", "cudnn"), default="inf",
                     help="masked bias entries: -inf, or -65504 as torch hands cuDNN a bool mask")
     args = ap.parse_args()
-    d, h, hkv = 128, 16, args.kv_heads
+    d = args.head_dim
+    h = 2048 // d
+    hkv = args.kv_heads or h
     scale = d ** -0.5
     rows = []
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, d={d}, h={h}, "
