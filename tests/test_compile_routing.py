@@ -1036,7 +1036,7 @@ class TestSpeedGate(unittest.TestCase):
 
     def test_masked_calls_routed_where_measured_faster(self):
         for backend in ("cudnn", "efficient"):
-            for d, s in [(128, 2048), (128, 8192), (64, 4096)]:
+            for d, s in [(128, 1024), (128, 8192), (64, 2048), (256, 1024)]:
                 for shape, strides in [((1, 1, s, s), None), ((1, 4, s, s), (s * s, 0, s, 1)),
                                        ((s, s), None), ((1, 1, 1, s), None)]:
                     self.assertTrue(policy.faster_than_stock(
@@ -1045,8 +1045,8 @@ class TestSpeedGate(unittest.TestCase):
     def test_masked_calls_kept_on_stock_elsewhere(self):
         for backend in ("cudnn", "efficient"):
             per_head = self.masked(128, 8192, backend, (1, 4, 8192, 8192))  # ALiBi-like bias
-            short = self.masked(128, 1024, backend, (1, 1, 1024, 1024))
-            unmeasured_dim = self.masked(256, 8192, backend, (1, 1, 8192, 8192))
+            short = self.masked(64, 1024, backend, (1, 1, 1024, 1024))
+            unmeasured_dim = self.masked(96, 8192, backend, (1, 1, 8192, 8192))
             for call in (per_head, short, unmeasured_dim):
                 self.assertEqual(policy.faster_than_stock(call).reason, policy.R_SLOWER, backend)
             self.assertIn("per-head", policy.faster_than_stock(per_head).detail)

@@ -383,14 +383,16 @@ FASTER_THAN_CUDNN_MIN_SEQLEN = {64: 4096}
 
 # Masked calls: ours skips the tiles a mask hides (also under torch's finite fill for cuDNN,
 # -65504, by score bounds), the stock masked kernels apply it densely. Measured on an H200
-# (BENCHMARKS.md, 2026-11-30): bf16 d128, masks broadcast over heads (causal, padding,
-# sliding window, documents) 1.96-3.02x cuDNN's masked backward at 2k keys, 2.15-6.87x from
-# 4k on; whole steps of compiled transformers Llamas with a padded batch 1.19x (d64, 4k) and
-# 1.39x (d128, 8k) with the masked calls routed. A mask that hides nothing costs ours more than
-# cuDNN's dense masked kernel (17.1 vs 9.2 ms in the d128 step when no tile could be skipped),
-# and per-head biases (ALiBi, relative positions) are dense in practice, so only masks
-# broadcast over heads are routed, for these head dims from this many keys (what was measured).
-MASKED_FASTER_MIN_SEQLEN = {64: 2048, 128: 2048}
+# (benchmarks/bench_masks.py --fill cudnn, BENCHMARKS.md, 2026-11-30), ours / cuDNN's masked
+# backward over causal, padding, sliding-window and document masks broadcast over heads:
+# d64 0.70-0.89x at 1k keys, 1.13-1.45x at 2k, 1.68-2.45x at 4k; d128 1.15-1.50x at 1k,
+# 1.69-2.37x at 2k, 2.15-6.87x from 4k; d256 1.74-2.64x at 1k, 2.18x and up from 2k. Whole
+# steps of compiled transformers Llamas with a padded batch: 1.20x (d64, 4k) and 1.38x (d128,
+# 8k) with the masked calls routed. A mask that hides nothing costs ours more than cuDNN's
+# dense masked kernel (17.1 vs 9.2 ms in the d128 step when no tile could be skipped), and
+# per-head biases (ALiBi, relative positions) are dense in practice, so only masks broadcast
+# over heads are routed, for these head dims from this many keys. Other head dims: not measured.
+MASKED_FASTER_MIN_SEQLEN = {64: 2048, 128: 1024, 256: 1024}
 
 
 def _broadcast_over_heads(mask) -> bool:
