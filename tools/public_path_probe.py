@@ -6,7 +6,10 @@ torch_sm90_sdpa.scaled_dot_product_attention), interleaved: CUDA-event time per 
 one profiled call of each the CUDA kernels it ran with their summed duration. Equal kernel time
 with unequal event time means host gaps; extra or slower kernels show in the lists.
 
-    python tools/public_path_probe.py
+    python tools/public_path_probe.py [--host]
+
+--host: instead, the host timeline of one call of each path (CPU events of 5 us or more, with
+their start relative to the call's start, and the CUDA kernels' start on the same clock).
 """
 import math
 import os
@@ -31,7 +34,36 @@ def kernels(fn):
     return sorted(((e.key[:90], e.count, e.device_time_total / 1e3) for e in ev), key=lambda x: -x[2])
 
 
+def host_timeline(name, fn):
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    t0 = events[0].time_range.start
+    print(f"  {name}: host and device events (start us from the first event, duration us)")
+    for e in events:
+        dur = e.time_range.end - e.time_range.start
+        if dur >= 5 or e.device_type.name == "CUDA":
+            where = "GPU" if e.device_type.name == "CUDA" else f"CPU thread {e.thread}"
+            print(f"    {e.time_range.start - t0:9.1f} {dur:9.1f}  {where:16s} {e.name[:80]}")
+
+
 def main():
+    if "--host" in sys.argv:
+        b, h, s, d, causal = SHAPES[1]
+        q, k, v, dout = make(b, h, h, s, d, torch.bfloat16)
+        scale = 1 / math.sqrt(d)
+        o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, False)
+        qs, ks, vs = (t.detach().requires_grad_(True) for t in (q, k, v))
+        od = torch_sm90_sdpa.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
+        fns = {"op": lambda: torch.ops.torch_sm90_sdpa.sdpa_backward(
+                   dout, q, k, v, o, lse, causal, scale, False),
+               "drop-in": lambda: torch.autograd.grad(od, (qs, ks, vs), dout, retain_graph=True)}
+        time_interleaved(fns, 3)
+        for name, fn in fns.items():
+            host_timeline(name, fn)
+        return
     for b, h, s, d, causal in SHAPES:
         q, k, v, dout = make(b, h, h, s, d, torch.bfloat16)
         scale = 1 / math.sqrt(d)
