@@ -6,10 +6,12 @@ torch_sm90_sdpa.scaled_dot_product_attention), interleaved: CUDA-event time per 
 one profiled call of each the CUDA kernels it ran with their summed duration. Equal kernel time
 with unequal event time means host gaps; extra or slower kernels show in the lists.
 
-    python tools/public_path_probe.py [--host]
+    python tools/public_path_probe.py [--host | --batched]
 
 --host: instead, the host timeline of one call of each path (CPU events of 5 us or more, with
 their start relative to the call's start, and the CUDA kernels' start on the same clock).
+--batched: instead, per shape and path, the mean time of 20 calls issued back to back between
+one pair of events (the host runs ahead as in training), next to the synchronized per-call median.
 """
 import math
 import os
@@ -49,7 +51,43 @@ def host_timeline(name, fn):
             print(f"    {e.time_range.start - t0:9.1f} {dur:9.1f}  {where:16s} {e.name[:80]}")
 
 
+def batched(fns, calls=20):
+    """Mean ms per call of `calls` back-to-back calls of each fn, interleaved over 5 rounds."""
+    out = {n: [] for n in fns}
+    for _ in range(5):
+        for n, fn in fns.items():
+            torch.cuda.synchronize()
+            st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            st.record()
+            for _ in range(calls):
+                fn()
+            en.record()
+            torch.cuda.synchronize()
+            out[n].append(st.elapsed_time(en) / calls)
+    return {n: sorted(v)[len(v) // 2] for n, v in out.items()}
+
+
 def main():
+    if "--batched" in sys.argv:
+        for b, h, s, d, causal in SHAPES:
+            q, k, v, dout = make(b, h, h, s, d, torch.bfloat16)
+            scale = 1 / math.sqrt(d)
+            o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, False)
+            qs, ks, vs = (t.detach().requires_grad_(True) for t in (q, k, v))
+            od = torch_sm90_sdpa.scaled_dot_product_attention(qs, ks, vs, is_causal=causal,
+                                                              scale=scale)
+            for det in (False, True):
+                torch.use_deterministic_algorithms(det)
+                fns = {"op": lambda: torch.ops.torch_sm90_sdpa.sdpa_backward(
+                           dout, q, k, v, o, lse, causal, scale, det),
+                       "drop-in": lambda: torch.autograd.grad(od, (qs, ks, vs), dout,
+                                                              retain_graph=True)}
+                sync, back = time_interleaved(fns, 10), batched(fns)
+                print(f"b={b} h={h} s={s} d={d} causal={causal} det={det}: ms per call, "
+                      f"synchronized / back to back: op {sync['op']:.3f} / {back['op']:.3f}, "
+                      f"drop-in {sync['drop-in']:.3f} / {back['drop-in']:.3f}", flush=True)
+                torch.use_deterministic_algorithms(False)
+        return
     if "--host" in sys.argv:
         b, h, s, d, causal = SHAPES[1]
         q, k, v, dout = make(b, h, h, s, d, torch.bfloat16)
