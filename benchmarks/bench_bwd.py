@@ -10,6 +10,10 @@ Grid of the FlashAttention papers: bf16, 16k tokens per batch (b = 16384 / s), h
 FLOPs = 2.5 * 4 * b * h * s^2 * d, halved when causal.
 
     python benchmarks/bench_bwd.py [--quick] [--dims 64,128,256] [--seqs 512,...] [--reps 10]
+                                   [--json OUT]
+
+--json writes the rows (TFLOP/s per backend) in the format tools/speed_table.py reads to
+regenerate the speed gate's table (torch_sm90_sdpa/speed_table.py).
 """
 import argparse
 import math
@@ -114,6 +118,9 @@ def time_interleaved(fns, reps, warmup=2):
     return {n: statistics.median(t) for n, t in times.items()}
 
 
+ROWS = []  # every measured row, for --json
+
+
 def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check):
     q, k, v, dout = make(b, hq, hkv, s, d, dtype)
     scale = 1.0 / math.sqrt(d)
@@ -147,6 +154,8 @@ def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check):
     ratio = tf.get("ours", float("nan")) / best if best == best else float("nan")
     cells = "  ".join(f"{tf[n]:6.0f}" if n in tf else f"{'-':>6}" for n in BACKENDS)
     print(f"{label:34s} {cells}   {ratio:5.2f}  {'; '.join(notes)}", flush=True)
+    ROWS.append(dict(head_dim=d, causal=causal, seqlen=s, batch=b, heads=hq, kv_heads=hkv,
+                     masked=False, tflops=tf))
     del q, k, v, dout, fns
     torch.cuda.empty_cache()
     return ratio
@@ -187,6 +196,7 @@ def grid(a):
 def main():
     ap = grid_parser(__doc__)
     ap.add_argument("--check", action="store_true", help="also compare gradients with cuDNN's")
+    ap.add_argument("--json", help="write the rows here (input of tools/speed_table.py)")
     a = ap.parse_args()
     g = grid(a)
     if g is None:
@@ -203,7 +213,28 @@ def main():
     if good:
         print(f"geometric mean of ours / best stock: {math.exp(sum(map(math.log, good)) / len(good)):.3f} "
               f"over {len(good)} rows")
+    if a.json:
+        write_json(a.json, "bench_bwd", ROWS)
     return 0
+
+
+def write_json(path, bench, rows):
+    """The benchmark's rows with where they were measured (read by tools/speed_table.py)."""
+    import datetime
+    import json
+    import os
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except OSError:
+        commit = ""
+    meta = dict(bench=bench, command=" ".join(sys.argv), device=torch.cuda.get_device_name(),
+                torch=torch.__version__, date=datetime.date.today().isoformat(),
+                commit=os.environ.get("GIT_COMMIT") or commit or "unknown")
+    with open(path, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -20,12 +20,11 @@ bias 0 / -65504, as torch 2.11 hands a boolean mask to cuDNN (tools/mask_convers
 instead of 0 / -inf.
 """
 import argparse
-import json
 
 import torch
 
 import torch_sm90_sdpa  # noqa: F401  (registers the ops)
-from bench_bwd import time_interleaved  # the interleaved CUDA-event timer (median)
+from bench_bwd import time_interleaved, write_json  # the interleaved CUDA-event timer (median)
 
 aten = torch.ops.aten
 
@@ -107,7 +106,8 @@ def main():
             t = time_interleaved({"ours mask": ours_mask, "cudnn mask": cudnn_mask,
                                   "ours causal": ours_causal, "cudnn causal": causal_run},
                                  args.reps, warmup=1)
-            row = dict(mask=kind, s=s, b=b, **t,
+            row = dict(mask=kind, s=s, b=b, head_dim=d, heads=h, kv_heads=hkv, fill=args.fill,
+                       **t,
                        cudnn_over_ours=t["cudnn mask"] / t["ours mask"],
                        ours_mask_over_causal=t["ours mask"] / t["ours causal"])
             if args.classes:
@@ -126,9 +126,7 @@ def main():
         del q, k, v, dout, causal_run, ours_causal
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "device": torch.cuda.get_device_name(),
-                       "torch": torch.__version__}, f, indent=1)
+        write_json(args.json, "bench_masks", rows)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import torch_sm90_sdpa
-from torch_sm90_sdpa import _extension, compile_pass, policy, routing
+from torch_sm90_sdpa import _extension, compile_pass, policy, routing, speed_table
 from torch_sm90_sdpa.testing import AttentionOpRecorder, Block, TinyTransformer, lm_loss
 
 aten = torch.ops.aten
@@ -1055,6 +1055,39 @@ class TestSpeedGate(unittest.TestCase):
         for backend in ("flash", "efficient"):
             for d, s in [(128, 1024), (128, 8192), (128, 512)]:
                 self.assertTrue(policy.decide(self.call(d, s, backend)), (backend, d, s))
+
+    def test_thresholds_come_from_the_measured_table(self):
+        rows = [dict(stock="cudnn", masked=False, head_dim=64, seqlen=s, case=c, gqa=False,
+                     speedup=x, source=0)
+                for s, c, x in [(1024, "full", 1.005), (1024, "causal", 1.03), (4096, "full", 1.04),
+                                (4096, "causal", 1.08), (16384, "full", 1.02)]]
+        rows += [dict(rows[0], head_dim=128, seqlen=s, speedup=x)
+                 for s, x in [(1024, 1.2), (4096, 0.99), (16384, 1.1)]]  # a slower row between
+        rows += [dict(rows[0], head_dim=256, seqlen=16384, speedup=0.9)]
+        self.assertEqual(policy.min_seqlen_from_table(rows, "cudnn", False), {64: 4096, 128: 16384})
+        self.assertEqual(policy.min_seqlen_from_table(rows, "cudnn", True), {})
+        self.assertEqual(policy.FASTER_THAN_CUDNN_MIN_SEQLEN,
+                         policy.min_seqlen_from_table(speed_table.ROWS, "cudnn", False))
+
+    def test_shipped_table_is_generated_from_the_results(self):
+        """torch_sm90_sdpa/speed_table.py is what tools/speed_table.py makes of the files its
+        SOURCES name (benchmarks/results/): nobody edited the numbers by hand."""
+        import importlib.util
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        spec = importlib.util.spec_from_file_location(
+            "speed_table_generator", os.path.join(root, "tools", "speed_table.py"))
+        generator = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(generator)
+        paths = [src["file"] for src in speed_table.SOURCES]
+        cwd = os.getcwd()
+        os.chdir(root)
+        try:
+            text = generator.render(*generator.build(paths))
+        finally:
+            os.chdir(cwd)
+        with open(os.path.join(root, "torch_sm90_sdpa", "speed_table.py")) as f:
+            self.assertEqual(f.read(), text)
 
     def test_the_gate_is_in_the_cache_key(self):
         self.assertNotEqual(compile_pass.SdpaBackwardRewrite(only_faster=True).uuid(),
