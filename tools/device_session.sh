@@ -12,9 +12,10 @@
 #   detpaths   benchmarks/bench_deterministic_paths.py --quick ${DETPATH_ARGS} (public paths under
 #              use_deterministic_algorithms(True))
 #   sanitize   compute-sanitizer memcheck + racecheck on tools/sanitize_case.py
-# The built extension (gzipped: files come back at most 16 MiB each) and its config are copied
-# to OUTDIR/prebuilt: unpack them into torch_sm90_sdpa/ and set PREBUILT=1 to skip the build of
-# a later call on the same commit.
+# The built extension (gzipped: files come back at most 16 MiB each), its config and the hash
+# of the C++ sources it was built from are copied to OUTDIR/prebuilt: unpack them into
+# torch_sm90_sdpa/ and set PREBUILT=1 to skip the build of a later call (gpu_check.sh builds
+# anyway when the sources' hash differs).
 # TESTS (environment, optional): the pytest arguments of the tests step instead of the whole
 # suite, e.g. TESTS="-n 8 tests/test_cuda_deterministic.py".
 # Carry .whl (nvidia-cutlass, expecttest). Prints a short summary last.
@@ -35,8 +36,13 @@ t0=$(date +%s)
 tools/gpu_check.sh "$OUT/check" "${TEST_ARGS[@]}" > "$OUT/gpu_check.log" 2>&1
 summary+=("gpu_check (build + tests): exit $? in $(( $(date +%s) - t0 )) s")
 mkdir -p "$OUT/prebuilt"
-for so in torch_sm90_sdpa/_C*.so; do gzip -c "$so" > "$OUT/prebuilt/$(basename "$so").gz"; done
-cp torch_sm90_sdpa/_build_config.py "$OUT/prebuilt/" 2>/dev/null
+for so in torch_sm90_sdpa/_C*.so; do
+  [ -e "$so" ] || continue  # no build: nothing to save
+  gzip -c "$so" > "$OUT/prebuilt/$(basename "$so").gz"
+  cp torch_sm90_sdpa/_build_config.py "$OUT/prebuilt/" 2>/dev/null
+  find csrc registration setup.py -type f ! -path 'csrc/instantiations/*' -print0 | sort -z \
+    | xargs -0 cat | sha1sum | cut -c1-40 > "$OUT/prebuilt/prebuilt_sources.sha1"
+done
 export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 if has host; then

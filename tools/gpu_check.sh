@@ -12,8 +12,9 @@
 # Writes into OUTDIR: build.log, nvidia-smi.txt, tests.log, junit.xml, sass_summary.txt (when
 # cuobjdump exists), summary.txt (printed last). Exits non-zero when the setup, the build or
 # the tests fail; the summary is written in every case. PYTEST_TIMEOUT_S (optional) bounds the
-# pytest run. PREBUILT=1 skips the build when torch_sm90_sdpa/_C*.so and _build_config.py are
-# present (carried from an earlier call on the same commit: device_session.sh saves them).
+# pytest run. PREBUILT=1 skips the build when torch_sm90_sdpa/_C*.so (for this Python),
+# _build_config.py and prebuilt_sources.sha1 are present and that hash matches the C++ sources
+# here (device_session.sh saves the three after its build).
 set -uo pipefail
 
 if [ $# -lt 1 ]; then
@@ -69,11 +70,24 @@ gpu_name=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,
 gpu_name=${gpu_name:-"no GPU visible (nvidia-smi failed)"}
 
 # ---- 3. build -----------------------------------------------------------------------------
-prebuilt=$(ls torch_sm90_sdpa/_C*.so 2>/dev/null | head -n 1)
-if [ "$status" -eq 0 ] && [ "${PREBUILT:-0}" = 1 ] && [ -n "$prebuilt" ] \
-    && [ -f torch_sm90_sdpa/_build_config.py ]; then
-  # PREBUILT=1: the caller carried _C*.so and _build_config.py built from this same commit
-  note "PREBUILT=1: using the carried $prebuilt, no build"
+# The C++ sources' content hash: a carried build is used only when it was built from these.
+sources_sha1() {
+  find csrc registration setup.py -type f ! -path 'csrc/instantiations/*' -print0 | sort -z \
+    | xargs -0 cat | sha1sum | cut -c1-40
+}
+prebuilt=$(ls torch_sm90_sdpa/_C.cpython-"$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"*.so 2>/dev/null | head -n 1)
+prebuilt_ok=0
+if [ "${PREBUILT:-0}" = 1 ]; then
+  if [ -z "$prebuilt" ] || [ ! -f torch_sm90_sdpa/_build_config.py ]; then
+    note "PREBUILT=1 but no carried _C*.so for this Python or no _build_config.py: building"
+  elif [ "$(cat torch_sm90_sdpa/prebuilt_sources.sha1 2>/dev/null)" != "$(sources_sha1)" ]; then
+    note "PREBUILT=1 but the carried build's prebuilt_sources.sha1 does not match these sources: building"
+  else
+    prebuilt_ok=1
+  fi
+fi
+if [ "$status" -eq 0 ] && [ "$prebuilt_ok" = 1 ]; then
+  note "PREBUILT=1: using the carried $prebuilt (built from these sources), no build"
   build_status="ok (prebuilt, carried)"
 elif [ "$status" -eq 0 ]; then
   note "building (MAX_JOBS=$MAX_JOBS, HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:-default}," \
