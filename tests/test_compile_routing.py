@@ -1042,6 +1042,27 @@ class TestSpeedGate(unittest.TestCase):
                     self.assertTrue(policy.faster_than_stock(
                         self.masked(d, s, backend, shape, strides)), (backend, d, s, shape))
 
+    def test_rank3_masks_broadcast_from_the_right(self):
+        """A [X, Sq, Sk] mask broadcasts X against the heads: routed only when X is 1."""
+        s = 4096
+        self.assertTrue(policy.faster_than_stock(self.masked(128, s, "cudnn", (1, s, s))))
+        self.assertEqual(policy.faster_than_stock(self.masked(128, s, "cudnn", (4, s, s))).reason,
+                         policy.R_SLOWER)
+
+    def test_symbolic_key_length_uses_its_range(self):
+        """Sk symbolic (dynamic shapes): routed only if every value it may take is long enough."""
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        env = ShapeEnv()
+        for low, routed in ((2048, True), (2, False)):
+            sym = env.create_unbacked_symint()
+            torch._check(sym >= low)
+            torch._check(sym <= 1 << 20)
+            call = self.masked(128, 4096, "cudnn", (1, 1, 4096, 4096))
+            call.k = policy.TensorSpec((1, 4, sym, 128), torch.bfloat16, "cuda:0",
+                                       strides=(4 * 4096 * 128, 128, 4 * 128, 1))
+            self.assertEqual(bool(policy.faster_than_stock(call)), routed, low)
+
     def test_masked_calls_kept_on_stock_elsewhere(self):
         for backend in ("cudnn", "efficient"):
             per_head = self.masked(128, 8192, backend, (1, 4, 8192, 8192))  # ALiBi-like bias

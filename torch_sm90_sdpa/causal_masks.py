@@ -113,6 +113,11 @@ def _static(x) -> bool:
     return True
 
 
+def _static_layout(t: torch.Tensor) -> bool:
+    """Sizes and strides are plain ints (counting on symbolic ones would add guards)."""
+    return _static(tuple(t.shape)) and _static(tuple(t.stride()))
+
+
 def _stored_elements(t: torch.Tensor) -> int:
     """Elements evaluating `t` stores: broadcast (stride-0) dims count once. The memory-efficient
     nodes get the mask expanded over heads ([B, Hq, S, S], stride 0 on Hq): its numel counts
@@ -251,13 +256,19 @@ def _prove(mask: torch.fx.Node, users: list) -> str:
         if q.size(2) != k.size(2):
             return "kept: Sq != Sk"
     val = mask.meta.get("val")
-    if not isinstance(val, torch.Tensor) or _stored_elements(val) > MAX_EVAL_ELEMENTS:
+    if not isinstance(val, torch.Tensor):
+        return "kept: no tensor metadata"
+    if not _static_layout(val):
+        return "kept: symbolic sizes"
+    if _stored_elements(val) > MAX_EVAL_ELEMENTS:
         return "kept: too large to evaluate"
     nodes, why = _producer_subgraph(mask)
     if nodes is None:
         return f"kept: {why}"
-    if any(isinstance(n.meta.get("val"), torch.Tensor)
-           and _stored_elements(n.meta["val"]) > MAX_EVAL_ELEMENTS for n in nodes):
+    vals = [n.meta["val"] for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    if not all(_static_layout(v) for v in vals):
+        return "kept: symbolic sizes"
+    if any(_stored_elements(v) > MAX_EVAL_ELEMENTS for v in vals):
         return "kept: too large to evaluate"
     q = bind_args(users[0])["query"].meta["val"]
     try:

@@ -432,7 +432,7 @@ def _masked_faster_than_stock(call: AttentionBackwardCall) -> Decision:
                              "relative positions), where the stock masked kernel is faster; "
                              "enable(only_faster=False) routes it anyway")
     min_seqlen = MASKED_FASTER_MIN_SEQLEN.get(head_dim)
-    if min_seqlen is not None and isinstance(seqlen_k, int) and seqlen_k >= min_seqlen:
+    if min_seqlen is not None and _known(seqlen_k >= min_seqlen):  # symbolic Sk: its range
         return ROUTE
     return _no(R_SLOWER, f"masked call with head dim {head_dim}, Sk = {seqlen_k}: ours measured "
                          f"faster only for {MASKED_FASTER_MIN_SEQLEN}; enable(only_faster=False) "
@@ -448,7 +448,7 @@ def faster_than_stock(call: AttentionBackwardCall) -> Decision:
     head_dim = call.q.size(-1)
     min_seqlen = FASTER_THAN_CUDNN_MIN_SEQLEN.get(head_dim)
     seqlen_k = call.k.size(2)
-    if min_seqlen is not None and isinstance(seqlen_k, int) and seqlen_k >= min_seqlen:
+    if min_seqlen is not None and _known(seqlen_k >= min_seqlen):  # symbolic Sk: its range
         return ROUTE
     return _no(R_SLOWER, f"cuDNN measured faster for head dim {head_dim}, Sk = {seqlen_k} "
                          f"(ours is faster only for {FASTER_THAN_CUDNN_MIN_SEQLEN}); "
