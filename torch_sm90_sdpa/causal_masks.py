@@ -260,7 +260,12 @@ def _prove(mask: torch.fx.Node, users: list) -> str:
         return "kept: no tensor metadata"
     if not _static_layout(val):
         return "kept: symbolic sizes"
-    if _stored_elements(val) > MAX_EVAL_ELEMENTS:
+    sq = bind_args(users[0])["query"].meta["val"].size(2)
+    leading = 1  # stored instances of the mask over its leading (batch / head) dims
+    for size, stride in list(zip(val.shape, val.stride()))[:-2]:
+        leading *= int(size) if stride != 0 else 1
+    # the comparison (_is_causal_mask) expands the mask to [..., Sq, Sk] per stored instance
+    if _stored_elements(val) > MAX_EVAL_ELEMENTS or leading * sq * sq > MAX_EVAL_ELEMENTS:
         return "kept: too large to evaluate"
     nodes, why = _producer_subgraph(mask)
     if nodes is None:
