@@ -45,7 +45,7 @@ import torch
 import torch.fx
 from torch._inductor import custom_graph_pass as _cgp
 
-from .compile_pass import bind_args
+from .compile_pass import bind_args, run_user_passes, source_hash, user_passes_uuid
 from .reference import causal_mask
 
 log = logging.getLogger("torch_sm90_sdpa")
@@ -287,11 +287,6 @@ def _prove(mask: torch.fx.Node, users: list) -> str:
     return "dropped" if same else f"kept: {why}"
 
 
-def _source_hash() -> str:
-    with open(os.path.abspath(__file__), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 class CausalMaskPass(_cgp.CustomGraphPass):
     """Joint-graph pass: drops provably causal masks, then runs the user's pass(es)."""
 
@@ -303,17 +298,12 @@ class CausalMaskPass(_cgp.CustomGraphPass):
             drop_causal_masks(graph)
         except Exception as exc:  # never break a compile
             log.warning("causal-mask pass skipped: %s: %s", type(exc).__name__, exc)
-        passes = self.user_pass if isinstance(self.user_pass, (list, tuple)) else (
-            [self.user_pass] if self.user_pass is not None else [])
-        for p in passes:
-            p(graph)
+        run_user_passes(self.user_pass, graph)
 
     def uuid(self) -> Optional[str]:
-        user = self.user_pass
-        user_uuid = None
-        if user is not None:
-            if not isinstance(user, _cgp.CustomGraphPass) or user.uuid() is None:
-                return None
-            user_uuid = user.uuid()
-        return "torch_sm90_sdpa-causal-" + hashlib.sha256(
-            repr((_source_hash(), MAX_EVAL_ELEMENTS, user_uuid)).encode()).hexdigest()
+        user_uuid, cacheable = user_passes_uuid(self.user_pass)
+        if not cacheable:
+            return None  # Inductor bypasses its cache for a pass without uuid; so do we
+        return "torch_sm90_sdpa-causal-" + hashlib.sha256(repr((
+            source_hash((os.path.abspath(__file__),)), MAX_EVAL_ELEMENTS, user_uuid,
+        )).encode()).hexdigest()

@@ -85,13 +85,37 @@ def _as_pass_list(p) -> tuple:
     return (p,)
 
 
-def _source_hash() -> str:
+def source_hash(paths=None) -> str:
+    """sha256 of these files (names and contents; default _SOURCE_FILES): part of our passes'
+    cache keys."""
     h = hashlib.sha256()
-    for path in _SOURCE_FILES:
+    for path in _SOURCE_FILES if paths is None else paths:
         h.update(os.path.basename(path).encode())
         with open(path, "rb") as f:
             h.update(f.read())
     return h.hexdigest()
+
+
+def run_user_passes(user_pass, graph: torch.fx.Graph, is_inference: Optional[bool] = None) -> None:
+    """Run the pass(es) the user had installed before ours (a pass or a list of them)."""
+    for p in _as_pass_list(user_pass):
+        if is_inference is not None and isinstance(
+            p, getattr(_cgp, "CustomInferenceAwareGraphPass", ())
+        ):
+            p(graph, is_inference=is_inference)
+        else:
+            p(graph)
+
+
+def user_passes_uuid(user_pass) -> tuple[Optional[tuple], bool]:
+    """(the uuids of the user's pass(es), cacheable): not cacheable when one has no uuid."""
+    uuids = []
+    for p in _as_pass_list(user_pass):
+        u = p.uuid() if isinstance(p, _cgp.CustomGraphPass) else None
+        if u is None:
+            return None, False
+        uuids.append(u)
+    return tuple(uuids), True
 
 
 class SdpaBackwardRewrite(_Base):
@@ -105,30 +129,15 @@ class SdpaBackwardRewrite(_Base):
 
     def __call__(self, graph: torch.fx.Graph, is_inference: Optional[bool] = None) -> None:
         rewrite_graph(graph, cpu_route=self.cpu, only_faster=self.only_faster)
-        for p in _as_pass_list(self.user_pass):
-            if is_inference is not None and isinstance(
-                p, getattr(_cgp, "CustomInferenceAwareGraphPass", ())
-            ):
-                p(graph, is_inference=is_inference)
-            else:
-                p(graph)
-
-    def _user_uuid(self):
-        uuids = []
-        for p in _as_pass_list(self.user_pass):
-            u = p.uuid() if isinstance(p, _cgp.CustomGraphPass) else None
-            if u is None:
-                return None, False
-            uuids.append(u)
-        return tuple(uuids), True
+        run_user_passes(self.user_pass, graph, is_inference)
 
     def uuid(self) -> Optional[str]:
-        user, cacheable = self._user_uuid()
+        user, cacheable = user_passes_uuid(self.user_pass)
         if not cacheable:
             # Inductor bypasses the FX graph cache for a pass without uuid; so do we.
             return None
         h = hashlib.sha256()
-        h.update(_source_hash().encode())
+        h.update(source_hash().encode())
         h.update(repr((
             _REWRITE_VERSION,
             self.cpu,
