@@ -35,6 +35,7 @@ from torch import nn  # noqa: E402
 
 import torch_sm90_sdpa  # noqa: E402
 from bench_bwd import make, time_interleaved  # noqa: E402
+from bench_transformers import CONFIGS, build, compiled_loss, sgd_step  # noqa: E402
 
 
 def grad_fn(sdpa, q, k, v, dout, causal, scale):
@@ -129,24 +130,7 @@ def llama_loss(model, ids):
 
 
 def step_fn(loss_fn, model, ids):
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-
-    def step():
-        loss = loss_fn(model, ids)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-    return step
-
-
-def compiled(fn, variant):
-    """torch.compile of `fn` with a code object of its own per variant (Dynamo caches graphs
-    per code object; the second variant would reuse the first one's graph)."""
-    import types
-
-    code = fn.__code__.replace(co_name=f"{fn.__name__}_{variant}")
-    return torch.compile(types.FunctionType(code, fn.__globals__, code.co_name))
+    return sgd_step(model, lambda: loss_fn(model, ids))
 
 
 def model_row(name, base, loss_fn, ids, steps):
@@ -154,10 +138,10 @@ def model_row(name, base, loss_fn, ids, steps):
     torch._dynamo.reset()
     torch_sm90_sdpa.disable()
     torch_sm90_sdpa.routing_stats(reset=True)
-    fns = {"stock": step_fn(compiled(loss_fn, "stock"), copy.deepcopy(base), ids)}
+    fns = {"stock": step_fn(compiled_loss("stock", loss_fn), copy.deepcopy(base), ids)}
     fns["stock"]()
     with torch_sm90_sdpa.enable():
-        fns["routed"] = step_fn(compiled(loss_fn, "routed"), copy.deepcopy(base), ids)
+        fns["routed"] = step_fn(compiled_loss("routed", loss_fn), copy.deepcopy(base), ids)
         fns["routed"]()
     stats = torch_sm90_sdpa.routing_stats(reset=True)
     med = time_interleaved(fns, steps, warmup=1)
@@ -210,7 +194,6 @@ def main():
     del gpt
     if a.llama:
         import transformers
-        from bench_transformers import CONFIGS, build
 
         c = CONFIGS["d128"]
         llama = build(transformers, c)

@@ -51,27 +51,32 @@ def _loss(model, ids, attention_mask, labels):
     return model(input_ids=ids, attention_mask=attention_mask, labels=labels).loss
 
 
-def compiled_loss(variant: str):
-    """torch.compile of a loss function with a code object of its own per variant: Dynamo
-    caches compiled graphs per code object, and both variants' models share
+def compiled_loss(variant: str, fn=_loss):
+    """torch.compile of a loss function (`fn`) with a code object of its own per variant:
+    Dynamo caches compiled graphs per code object, and both variants' models share
     LlamaForCausalLM.forward's (the second compile would reuse the first graph)."""
     import types
 
-    code = _loss.__code__.replace(co_name=f"_loss_{variant}")
-    return torch.compile(types.FunctionType(code, _loss.__globals__, code.co_name))
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{variant}")
+    return torch.compile(types.FunctionType(code, fn.__globals__, code.co_name))
 
 
-def step_fn(loss_fn, model, ids, attention_mask):
+def sgd_step(model, loss_of):
+    """A training step: loss_of() (the loss), backward, SGD update."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    labels = ids if attention_mask is None else ids.masked_fill(attention_mask == 0, -100)
 
     def step():
-        loss = loss_fn(model, ids, attention_mask, labels)
+        loss = loss_of()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
     return step
+
+
+def step_fn(loss_fn, model, ids, attention_mask):
+    labels = ids if attention_mask is None else ids.masked_fill(attention_mask == 0, -100)
+    return sgd_step(model, lambda: loss_fn(model, ids, attention_mask, labels))
 
 
 def profile_step(variant, fn, top=12):
