@@ -99,6 +99,7 @@ elif [ "$status" -eq 0 ]; then
             "$t0" "$(date +%s.%N)")
   if [ "$rc" -eq 0 ]; then
     build_status="ok"
+    sources_sha1 > torch_sm90_sdpa/prebuilt_sources.sha1  # what this build is from (PREBUILT)
   else
     build_status="FAILED (exit $rc)"
     status=1
