@@ -82,6 +82,11 @@ struct BwdParams {
   // grid, [mask_batch, mask_heads, num_n_blocks, num_m_blocks] (TileClass). Tiles are
   // tile_m query rows by tile_n keys (the variant's kBlockM x kBlockN).
   unsigned char* tile_class = nullptr;
+  // Written with tile_class: per mask instance and n-block, the m-blocks [lo, hi) from its first
+  // to past its last non-empty tile ({0, 0} when all are empty), [mask_batch, mask_heads,
+  // num_n_blocks] pairs of int32. The main kernel's walks stay inside them instead of stepping
+  // over leading and trailing empty tiles one class byte at a time.
+  int* tile_m_range = nullptr;
   int tile_m = 0, tile_n = 0, num_m_blocks = 0, num_n_blocks = 0;
   // Additive (float) masks only, else nullptr: per mask instance and block, bounds of the
   // scores that let the classification prove a finite bias hides a tile (mask_classify.h):

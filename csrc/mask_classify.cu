@@ -223,6 +223,29 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
   }
 }
 
+// One warp per (mask instance, n-block) row of tile classes: the m-blocks [lo, hi) from the
+// first to past the last non-empty tile, {0, 0} when none (BwdParams::tile_m_range).
+constexpr int kRangeWarps = 4;
+
+__global__ void __launch_bounds__(kRangeWarps * 32)
+    tile_range_kernel(const unsigned char* tile_class, int2* tile_m_range, int64_t rows,
+                      int num_m_blocks) {
+  const int64_t row = int64_t(blockIdx.x) * kRangeWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const unsigned char* cls = tile_class + row * num_m_blocks;
+  int lo = num_m_blocks, hi = 0;
+  for (int m0 = 0; m0 < num_m_blocks; m0 += 32) {
+    const int m = m0 + lane;
+    const unsigned live = __ballot_sync(0xffffffffu, m < num_m_blocks && cls[m] != kTileEmpty);
+    if (live != 0u) {
+      lo = min(lo, m0 + __ffs(int(live)) - 1);
+      hi = m0 + 32 - __clz(int(live));
+    }
+  }
+  if (lane == 0) tile_m_range[row] = lo < hi ? make_int2(lo, hi) : make_int2(0, 0);
+}
+
 }  // namespace
 
 void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
@@ -300,8 +323,11 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
       mask_classify_kernel<MaskKind::kFloat32><<<grid, kThreads, 0, stream>>>(a);
       break;
     default:
-      break;
+      return;
   }
+  const int64_t rows = int64_t(p.mask_batch) * p.mask_heads * p.num_n_blocks;
+  tile_range_kernel<<<unsigned((rows + kRangeWarps - 1) / kRangeWarps), kRangeWarps * 32, 0, stream>>>(
+      p.tile_class, reinterpret_cast<int2*>(p.tile_m_range), rows, p.num_m_blocks);
 }
 
 }  // namespace sm90_sdpa

@@ -23,6 +23,8 @@ namespace sm90_sdpa {
 //                 mask all allow it) and, for a bias, adds exactly 0: no mask work at all
 //   kTilePartial  anything else: the main kernel applies the mask, the causal cut and the key
 //                 tail there
+// Then, per instance and n-block, tile_m_range: the m-blocks from its first to past its last
+// non-empty tile (a second, small kernel over tile_class).
 // Each mask element is read once per instance (broadcast dims are not expanded). Reads:
 // batch, heads_q, seqlen_q, seqlen_k, is_causal, mask*, tile_*, num_*_blocks, num_sms; for an
 // additive mask also q, k (their strides), lse_log2 (written by the preprocess, which must

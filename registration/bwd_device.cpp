@@ -315,6 +315,14 @@ WorkspaceLayout workspace_layout(const BwdProblem& p) {
       o += round_up(tiles, 16);
     }
   }
+  w.tile_m_range = o;
+  if (p.mask_kind != 0) {
+    const int bn = tile_block_n(p.head_dim);
+    if (bn > 0) {
+      const int64_t inst = int64_t(mask_instances_batch(p)) * mask_instances_heads(p);
+      o += round_up(8 * inst * ((p.seqlen_k + bn - 1) / bn), 16);
+    }
+  }
   w.score_bounds = o;
   if (p.mask_kind > static_cast<int>(MaskKind::kBool)) {  // additive: fp32 bounds per block
     const int bm = tile_block_m(p.head_dim), bn = tile_block_n(p.head_dim);
@@ -414,6 +422,7 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   n.lse_log2 = at(w.lse_log2);
   if (p.mask_kind != 0 && base != nullptr) {
     n.tile_class = reinterpret_cast<unsigned char*>(base + w.tile_class);
+    n.tile_m_range = reinterpret_cast<int*>(base + w.tile_m_range);
   }
   if (p.mask_kind > static_cast<int>(MaskKind::kBool) && base != nullptr && n.num_m_blocks > 0) {
     const int64_t inst = int64_t(n.mask_batch) * n.mask_heads;
@@ -498,6 +507,7 @@ void run_classification(const BwdParams& params, cudaStream_t stream) {
   if (is_empty(params) || params.mask_kind == MaskKind::kNone) return;
   require_ptr(params.mask, "mask", what);
   require_ptr(params.tile_class, "tile_class", what);
+  require_ptr(params.tile_m_range, "tile_m_range", what);
   BwdParams p = params;
   prepare_device(p);
   cudaGetLastError();
@@ -532,6 +542,7 @@ void run(const BwdParams& params, cudaStream_t stream) {
   if (p0.mask_kind != MaskKind::kNone) {
     require_ptr(p0.mask, "mask", what);
     require_ptr(p0.tile_class, "tile_class", what);
+    require_ptr(p0.tile_m_range, "tile_m_range", what);
     if (p0.tile_m != tile_block_m(p0.head_dim) || p0.tile_n != tile_block_n(p0.head_dim) ||
         p0.num_m_blocks != (p0.seqlen_q + p0.tile_m - 1) / p0.tile_m ||
         p0.num_n_blocks != (p0.seqlen_k + p0.tile_n - 1) / p0.tile_n ||

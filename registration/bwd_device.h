@@ -93,6 +93,7 @@ bool tma_addressable(const OperandLayout& layout, int elem_bytes, int batch, int
 //   dq_semaphore [B, Hq, m_blocks] (run() zeroes them).
 struct WorkspaceLayout {
   int64_t dq_accum = 0, dk_accum = 0, dv_accum = 0, dpsum = 0, lse_log2 = 0, tile_class = 0;
+  int64_t tile_m_range = 0;  // masks: the non-empty m-block range per n-block (BwdParams)
   int64_t score_bounds = 0;  // additive masks: q_norm_max, lse_min, k_norm_max (BwdParams)
   int64_t dq_semaphore = 0;
   int64_t bytes = 0;

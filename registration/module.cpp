@@ -269,6 +269,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("dpsum", &dev::WorkspaceLayout::dpsum)
       .def_readonly("lse_log2", &dev::WorkspaceLayout::lse_log2)
       .def_readonly("tile_class", &dev::WorkspaceLayout::tile_class)
+      .def_readonly("tile_m_range", &dev::WorkspaceLayout::tile_m_range)
       .def_readonly("score_bounds", &dev::WorkspaceLayout::score_bounds)
       .def_readonly("dq_semaphore", &dev::WorkspaceLayout::dq_semaphore)
       .def_readonly("bytes", &dev::WorkspaceLayout::bytes)

@@ -281,6 +281,29 @@ def test_workspace_layout_mha_has_no_kv_accumulators():
 
 
 @needs_C
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16])
+def test_masked_workspace_has_tile_classes_ranges_and_bounds(mask_dtype):
+    """A mask adds, in this order: one class byte per tile and mask instance, one (lo, hi) int32
+    pair per n-block and instance (the non-empty m-block range), and for an additive mask the
+    fp32 score bounds (two per m-block, one per n-block)."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    b, hq, sq, sk, d = 2, 4, 130, 300, 128
+    q = torch.randn(b, hq, sq, d, dtype=torch.bfloat16)
+    k = v = torch.randn(b, 2, sk, d, dtype=torch.bfloat16)
+    lse = torch.randn(b, hq, sq)
+    mask = torch.ones(b, 1, sq, sk, dtype=mask_dtype)  # per batch, broadcast over heads
+    w = C.workspace_layout(cb.problem_of(q, q, k, v, q, lse, False, attn_mask=mask))
+    m_blocks, n_blocks = -(-sq // gen.TILES[d].block_m), -(-sk // gen.TILES[d].block_n)
+    inst = b  # mask_batch x mask_heads
+    assert w.tile_m_range == w.tile_class + -(-inst * m_blocks * n_blocks // 16) * 16
+    assert w.score_bounds == w.tile_m_range + -(-8 * inst * n_blocks // 16) * 16
+    bounds = 4 * inst * (2 * m_blocks + n_blocks) if mask_dtype != torch.bool else 0
+    assert w.dq_semaphore == w.score_bounds + -(-bounds // 16) * 16
+    assert w.tile_m_range % 16 == 0
+
+
+@needs_C
 @pytest.mark.parametrize("heads_kv", [4, 1])
 def test_deterministic_workspace_and_order(heads_kv, monkeypatch):
     """Deterministic mode: dQ turn semaphores [B, Hq, m-blocks] after the other pieces; GQA keeps

@@ -206,6 +206,28 @@ def test_tile_classes_of_a_causal_mask():
     assert (cls[1, 0, 4:] == 0).all()  # keys >= 512 masked for the second sequence
 
 
+@pytest.mark.parametrize("kind", ["causal", "documents", "rows without keys", "all masked"])
+def test_tile_ranges_bound_the_non_empty_tiles(kind):
+    """The classification's second kernel: per n-block, [lo, hi) from the first to past the
+    last non-empty m-block of its class row, (0, 0) when none; the main kernel walks only it."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    need_variant(128, torch.bfloat16)
+    sq, sk = 3000, 2500  # 47 m-blocks (more than a warp's 32), 20 n-blocks at d128
+    q = torch.randn(2, 2, sq, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(2, 2, sk, 128, device=DEV, dtype=torch.bfloat16)
+    i = torch.arange(sq, device=DEV)[:, None]
+    j = torch.arange(sk, device=DEV)[None, :]
+    keep = {"causal": j <= i, "documents": (j <= i) & (i // 700 == j // 700),
+            "rows without keys": (j <= i) & (i >= 1500), "all masked": j < 0}[kind]
+    classes, ranges = cb.tile_classes(keep[None, None].expand(2, 1, sq, sk), q, k, ranges=True)
+    assert ranges.shape == (1, 1, classes.shape[2], 2)
+    for n in range(classes.shape[2]):
+        live = (classes[0, 0, n] != 0).nonzero().flatten().tolist()
+        want = (live[0], live[-1] + 1) if live else (0, 0)
+        assert tuple(ranges[0, 0, n].tolist()) == want, (kind, n)
+
+
 def test_drop_in_with_a_padding_mask_matches_stock():
     need_variant(128, torch.bfloat16)
     torch.manual_seed(4)

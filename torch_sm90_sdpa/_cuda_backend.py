@@ -161,11 +161,12 @@ def run_backward(params, device=None) -> None:
     _run("run", params, device)
 
 
-def tile_classes(attn_mask, q, k, is_causal=False, lse=None, scale=1.0) -> Tensor:
+def tile_classes(attn_mask, q, k, is_causal=False, lse=None, scale=1.0, ranges=False):
     """The mask classification kernel's verdict on this mask for q / k's problem (tests):
     uint8 [mask_batch, mask_heads, n_blocks, m_blocks], 0 empty, 1 partial, 2 full.
     lse [B, Hq, Sq] (default zeros) and scale enter the score bounds of additive masks (the
-    preprocess runs first, as in the backward)."""
+    preprocess runs first, as in the backward). ranges=True: also the int32
+    [mask_batch, mask_heads, n_blocks, 2] non-empty m-block ranges (BwdParams::tile_m_range)."""
     C = _module()
     v, out = k, q
     lse = torch.zeros(q.shape[:3], device=q.device) if lse is None else lse
@@ -180,8 +181,14 @@ def tile_classes(attn_mask, q, k, is_causal=False, lse=None, scale=1.0) -> Tenso
         C.classify(params, _stream(q.device))
     start = params.tile_class - ws.data_ptr()
     n = params.mask_batch * params.mask_heads * params.num_n_blocks * params.num_m_blocks
-    return ws[start:start + n].view(params.mask_batch, params.mask_heads, params.num_n_blocks,
-                                    params.num_m_blocks).clone()
+    classes = ws[start:start + n].view(params.mask_batch, params.mask_heads, params.num_n_blocks,
+                                       params.num_m_blocks).clone()
+    if not ranges:
+        return classes
+    layout = C.workspace_layout(problem)
+    count = 2 * params.mask_batch * params.mask_heads * params.num_n_blocks
+    pairs = ws[layout.tile_m_range:layout.tile_m_range + 4 * count].view(torch.int32)
+    return classes, pairs.view(params.mask_batch, params.mask_heads, params.num_n_blocks, 2).clone()
 
 
 def sdpa_backward_python(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,

@@ -235,6 +235,7 @@ struct BwdMainloop {
     void const* mask;
     int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_col_stride;
     unsigned char const* tile_class;
+    int const* tile_m_range;
     int mask_batch, mask_heads, num_m_blocks, num_n_blocks;
     int* dq_semaphore;  // deterministic mode: [B, Hq, ceil(Sq / kBlockM)], else null
     bool m_descending;     // deterministic kKeysAscending: m-blocks visited last to first
@@ -280,6 +281,7 @@ struct BwdMainloop {
         p.mask_row_stride,
         p.mask_col_stride,
         p.tile_class,
+        p.tile_m_range,
         p.mask_batch,
         p.mask_heads,
         p.num_m_blocks,
@@ -302,6 +304,21 @@ struct BwdMainloop {
   CUTE_HOST_DEVICE static cute::tuple<int, int> m_block_range(Params const& params, int n_block) {
     int const m_max = (params.seqlen_q + kBlockM - 1) / kBlockM;
     int const m_min = params.is_causal ? (n_block * kBlockN) / kBlockM : 0;
+    return {m_min, m_max};
+  }
+
+  // The m-blocks a CTA walks: m_block_range, with a mask narrowed to the n-block's first..last
+  // non-empty tile (tile_m_range, written by the classification).
+  CUTE_DEVICE static cute::tuple<int, int> walk_range(Params const& params, int n_block, int bidh, int bidb) {
+    auto [m_min, m_max] = m_block_range(params, n_block);
+    if (params.mask_kind != MaskKind::kNone) {
+      int const mb = params.mask_batch == 1 ? 0 : bidb;
+      int const mh = params.mask_heads == 1 ? 0 : bidh;
+      int2 const r = reinterpret_cast<int2 const*>(
+          params.tile_m_range)[(int64_t(mb) * params.mask_heads + mh) * params.num_n_blocks + n_block];
+      m_min = cute::max(m_min, r.x);
+      m_max = cute::min(m_max, r.y);
+    }
     return {m_min, m_max};
   }
 
@@ -339,7 +356,7 @@ struct BwdMainloop {
   CUTE_DEVICE void load(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
                         PipelineStateQ& write_q, PipelineStatedO& write_do, SharedStorage& ss, int n_block,
                         int bidh, int bidb) {
-    auto [m_min, m_max] = m_block_range(params, n_block);
+    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
     unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
     int const m_first = first_m_block(params, classes, m_min, m_max);
     if (m_first < 0) { return; }
@@ -443,7 +460,7 @@ struct BwdMainloop {
 
   template <class SharedStorage>
   CUTE_DEVICE void store_dq(Params const& params, SharedStorage& ss, int n_block, int bidh, int bidb) {
-    auto [m_min, m_max] = m_block_range(params, n_block);
+    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
     unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
     int const m_first = first_m_block(params, classes, m_min, m_max);
     if (m_first < 0) { return; }
@@ -455,9 +472,10 @@ struct BwdMainloop {
     Tensor tdQgdQ = tma.partition_D(gdQ);  // (TMA, TMA_M, TMA_N, m, slice)
     bool const leader = cute::elect_one_sync();
     // deterministic mode: this head's row of dQ semaphores, one per m-block
+    int const m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;  // (m_max may be narrowed)
     int* sem = params.dq_semaphore == nullptr
                    ? nullptr
-                   : params.dq_semaphore + (int64_t(bidb) * params.num_heads_q + bidh) * m_max;
+                   : params.dq_semaphore + (int64_t(bidb) * params.num_heads_q + bidh) * m_blocks;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int m = m_first; m >= 0; m = following_m_block(params, classes, m, m_min, m_max)) {
       if (sem != nullptr) {
@@ -492,7 +510,7 @@ struct BwdMainloop {
                        int thread_idx, int n_block, int bidh, int bidb, SharedStorage& ss) {
     clear(tdKrdK);
     clear(tdVrdV);
-    auto [m_min, m_max] = m_block_range(params, n_block);
+    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
     int const m_first = first_m_block(params, tile_classes(params, n_block, bidh, bidb), m_min, m_max);
     if (m_first < 0) { return false; }
 
