@@ -54,47 +54,118 @@ __device__ __forceinline__ float elem_to_float<__nv_bfloat16>(__nv_bfloat16 x) {
   return __bfloat162float(x);
 }
 
-// ||row|| of D elements by one warp; +inf when not finite (a NaN must never shrink a bound).
+// ||x||^2 of 8 elements (one 16-byte vector).
 template <typename T>
-__device__ float row_norm(const T* row, int dim, int lane) {
-  float acc = 0.f;
-  for (int c = lane; c < dim; c += 32) {
-    const float x = elem_to_float<T>(row[c]);
-    acc = fmaf(x, x, acc);
+__device__ __forceinline__ float sumsq8(const uint4 v) {
+  const T* e = reinterpret_cast<const T*>(&v);
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const float x = elem_to_float<T>(e[c]);
+    s = fmaf(x, x, s);
   }
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  const float n = sqrtf(acc);
-  return n <= 3.0e38f ? n : INFINITY;
+  return s;
+}
+
+// The rows of one block side: `total` rows, row t at row_of(t) (and its lse_log2 at lse_of(t),
+// q side only). Vector path (16-byte aligned rows, D a multiple of 8): a group of L lanes per
+// row, L the largest power of two <= D / 8 (8 at d64 / d96, 16 at d128 / d192, 32 at d256),
+// so a warp has 32 / L rows and kUnroll of them per group in flight; else a warp per row.
+constexpr int kUnroll = 4;
+
+template <typename T, class RowOf, class LseOf>
+__device__ void side_bounds(int64_t total, int head_dim, bool vec_ok, RowOf row_of, LseOf lse_of,
+                            float& norm_max, float& lse_lo) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
+  auto take = [&](float sumsq, float l) {  // l: the row's lse_log2 (q side) or -inf (k side)
+    if (l == INFINITY) return;             // P = 0 on this row whatever the scores
+    if (l != l) l = -INFINITY;             // NaN: no bound
+    const float n = sqrtf(sumsq);
+    norm_max = fmaxf(norm_max, n <= 3.0e38f ? n : INFINITY);  // a NaN must never shrink a bound
+    lse_lo = fminf(lse_lo, l);
+  };
+  if (!vec_ok) {
+    for (int64_t t = warp; t < total; t += warps) {
+      const float l = lse_of(t);
+      if (l == INFINITY) continue;
+      const T* row = row_of(t);
+      float acc = 0.f;
+      for (int c = lane; c < head_dim; c += 32) {
+        const float x = elem_to_float<T>(row[c]);
+        acc = fmaf(x, x, acc);
+      }
+      for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      take(acc, l);
+    }
+    return;
+  }
+  const int vecs = head_dim / 8;
+  int group = 32;
+  while (group > vecs) group >>= 1;
+  const int per_warp = 32 / group, sub = lane % group;
+  const int64_t stride = int64_t(warps) * per_warp;
+  for (int64_t w0 = int64_t(warp) * per_warp; w0 < total; w0 += stride * kUnroll) {
+    float acc[kUnroll], l[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {  // issue every load first
+      const int64_t t = w0 + lane / group + u * stride;
+      acc[u] = 0.f;
+      l[u] = t < total ? lse_of(t) : INFINITY;
+      if (t < total) {  // (not gated on l: the row's loads go out with the lse load)
+        const uint4* row = reinterpret_cast<const uint4*>(row_of(t));
+        for (int v = sub; v < vecs; v += group) acc[u] += sumsq8<T>(row[v]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      for (int off = group / 2; off > 0; off >>= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], off);
+      take(acc[u], l[u]);
+    }
+  }
+}
+
+__device__ __forceinline__ bool aligned16(const void* p, int64_t s0, int64_t s1, int64_t s2, int elem) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (s0 * elem) % 16 == 0 && (s1 * elem) % 16 == 0 &&
+         (s2 * elem) % 16 == 0;
 }
 
 // One CTA per (block, mask head instance, mask batch instance): blockIdx.x < num_m_blocks is
 // a query block (max ||q_i|| and min lse_log2 over its live rows, lse_log2 < +inf, of every
 // (batch, q head) the instance covers), the rest key blocks (max ||k_j||, keys < Sk, of every
-// (batch, kv head) it covers). A warp per row.
+// (batch, kv head) it covers).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) block_bounds_kernel(const BoundsArgs a) {
   const int mh = blockIdx.y, mb = blockIdx.z;
   const int b0 = a.mask_batch == 1 ? 0 : mb, b1 = a.mask_batch == 1 ? a.batch : mb + 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
   const bool q_side = int(blockIdx.x) < a.num_m_blocks;
+  const bool vec_dim = a.head_dim % 8 == 0;
   float norm_max = 0.f, lse_lo = INFINITY;
   if (q_side) {
     const int m = blockIdx.x;
     const int h0 = a.mask_heads == 1 ? 0 : mh, h1 = a.mask_heads == 1 ? a.heads_q : mh + 1;
     const int r0 = m * a.tile_m, r1 = min(r0 + a.tile_m, a.seqlen_q);
-    const int rows = r1 - r0, per_bh = rows > 0 ? rows : 0;
+    const int per_bh = r1 > r0 ? r1 - r0 : 0;
     const int64_t total = int64_t(b1 - b0) * (h1 - h0) * per_bh;
-    for (int64_t t = warp; t < total; t += warps) {
-      const int r = r0 + int(t % per_bh);
+    // row t: (b, h, r) with r fastest
+    auto bhr = [&](int64_t t, int& b, int& h) {
       const int64_t bh = t / per_bh;
-      const int h = h0 + int(bh % (h1 - h0)), b = b0 + int(bh / (h1 - h0));
-      float l = a.lse_log2[(int64_t(b) * a.heads_q + h) * a.seqlen_q_rounded + r];
-      if (l == INFINITY) continue;  // P = 0 on this row whatever the scores
-      if (l != l) l = -INFINITY;    // NaN: no bound
-      const T* row = static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + r * a.q_sr;
-      norm_max = fmaxf(norm_max, row_norm<T>(row, a.head_dim, lane));
-      lse_lo = fminf(lse_lo, l);
-    }
+      h = h0 + int(bh % (h1 - h0));
+      b = b0 + int(bh / (h1 - h0));
+      return r0 + int(t - bh * per_bh);
+    };
+    auto row_of = [&](int64_t t) {
+      int b, h;
+      const int r = bhr(t, b, h);
+      return static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + r * a.q_sr;
+    };
+    auto lse_of = [&](int64_t t) {
+      int b, h;
+      const int r = bhr(t, b, h);
+      return a.lse_log2[(int64_t(b) * a.heads_q + h) * a.seqlen_q_rounded + r];
+    };
+    side_bounds<T>(total, a.head_dim, vec_dim && aligned16(a.q, a.q_sb, a.q_sh, a.q_sr, sizeof(T)),
+                   row_of, lse_of, norm_max, lse_lo);
   } else {
     const int n = int(blockIdx.x) - a.num_m_blocks;
     const int group = a.heads_q / a.heads_kv;
@@ -103,13 +174,20 @@ __global__ void __launch_bounds__(kThreads) block_bounds_kernel(const BoundsArgs
     const int r0 = n * a.tile_n, r1 = min(r0 + a.tile_n, a.seqlen_k);
     const int per_bh = r1 > r0 ? r1 - r0 : 0;
     const int64_t total = int64_t(b1 - b0) * (h1 - h0) * per_bh;
-    for (int64_t t = warp; t < total; t += warps) {
-      const int r = r0 + int(t % per_bh);
+    auto row_of = [&](int64_t t) {
       const int64_t bh = t / per_bh;
       const int h = h0 + int(bh % (h1 - h0)), b = b0 + int(bh / (h1 - h0));
-      const T* row = static_cast<const T*>(a.k) + b * a.k_sb + h * a.k_sh + r * a.k_sr;
-      norm_max = fmaxf(norm_max, row_norm<T>(row, a.head_dim, lane));
-    }
+      const int r = r0 + int(t - bh * per_bh);
+      return static_cast<const T*>(a.k) + b * a.k_sb + h * a.k_sh + r * a.k_sr;
+    };
+    auto no_lse = [](int64_t) { return -INFINITY; };  // keys: every row counts
+    side_bounds<T>(total, a.head_dim, vec_dim && aligned16(a.k, a.k_sb, a.k_sh, a.k_sr, sizeof(T)),
+                   row_of, no_lse, norm_max, lse_lo);
+    lse_lo = INFINITY;  // (unused on the key side)
+  }
+  for (int off = 16; off > 0; off >>= 1) {  // the vector path's row groups hold their own values
+    norm_max = fmaxf(norm_max, __shfl_xor_sync(0xffffffffu, norm_max, off));
+    lse_lo = fminf(lse_lo, __shfl_xor_sync(0xffffffffu, lse_lo, off));
   }
   __shared__ float s_norm[kThreads / 32], s_lse[kThreads / 32];
   if (lane == 0) {

@@ -228,6 +228,44 @@ def test_tile_ranges_bound_the_non_empty_tiles(kind):
         assert tuple(ranges[0, 0, n].tolist()) == want, (kind, n)
 
 
+@pytest.mark.parametrize("head_dim,heads,kv_heads", [(64, 4, 2), (128, 2, 2), (256, 4, 1), (96, 2, 1)])
+def test_score_bounds_match_torch(head_dim, heads, kv_heads):
+    """The bounds kernel's per-block values (max ||q|| and min lse_log2 over live rows per
+    m-block, max ||k|| per n-block, per mask instance) against torch, on aligned rows (vector
+    path) and on a misaligned view (scalar path)."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    need_variant(head_dim, torch.bfloat16)
+    sq, sk, b = 333, 517, 2
+    torch.manual_seed(head_dim)
+    from test_build import gen  # the variants' tile sizes
+
+    bm, bn = gen.TILES[head_dim].block_m, gen.TILES[head_dim].block_n
+    log2e = 1.4426950408889634
+    for aligned in (True, False):
+        pad = 0 if aligned else 1  # rows one element off 16 bytes: the scalar path
+        q = torch.randn(b, heads, sq, head_dim + pad, device=DEV, dtype=torch.bfloat16)
+        q = (q * torch.rand(b, heads, sq, 1, device=DEV, dtype=torch.bfloat16) * 3)[..., pad:]
+        k = torch.randn(b, kv_heads, sk, head_dim + pad, device=DEV, dtype=torch.bfloat16)[..., pad:]
+        lse = torch.randn(b, heads, sq, device=DEV)
+        lse[0, 0, 5] = float("-inf")  # a row without keys (lse_log2 +inf): not in the bounds
+        bias = torch.zeros(b, 1, sq, sk, device=DEV, dtype=torch.bfloat16)  # per batch
+        _, (qn, lo, kn) = cb.tile_classes(bias, q, k, lse=lse, scale=head_dim ** -0.5, bounds=True)
+        assert qn.shape == lo.shape == (b, 1, -(-sq // bm)) and kn.shape == (b, 1, -(-sk // bn))
+        for bi in range(b):
+            for m in range(qn.shape[-1]):
+                rows = slice(m * bm, min(m * bm + bm, sq))
+                live = lse[bi, :, rows] != float("-inf")
+                norms = q[bi, :, rows].float().norm(dim=-1)[live]
+                torch.testing.assert_close(qn[bi, 0, m], norms.max(), rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(lo[bi, 0, m], (lse[bi, :, rows][live] * log2e).min(),
+                                           rtol=1e-5, atol=1e-5)
+            for n in range(kn.shape[-1]):
+                keys = slice(n * bn, min(n * bn + bn, sk))
+                torch.testing.assert_close(kn[bi, 0, n], k[bi, :, keys].float().norm(dim=-1).max(),
+                                           rtol=1e-4, atol=1e-4)
+
+
 def test_drop_in_with_a_padding_mask_matches_stock():
     need_variant(128, torch.bfloat16)
     torch.manual_seed(4)
