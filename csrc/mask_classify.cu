@@ -11,6 +11,7 @@
 
 #include "bwd_params.h"
 #include "mask_classify.h"
+#include "numeric.h"
 
 namespace sm90_sdpa {
 namespace {
@@ -45,15 +46,6 @@ struct BoundsArgs {
   float* k_norm_max;
 };
 
-template <typename T>
-__device__ __forceinline__ float elem_to_float(T x);
-template <>
-__device__ __forceinline__ float elem_to_float<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float elem_to_float<__nv_bfloat16>(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-
 // ||x||^2 of 8 elements (one 16-byte vector).
 template <typename T>
 __device__ __forceinline__ float sumsq8(const uint4 v) {
@@ -61,7 +53,7 @@ __device__ __forceinline__ float sumsq8(const uint4 v) {
   float s = 0.f;
 #pragma unroll
   for (int c = 0; c < 8; ++c) {
-    const float x = elem_to_float<T>(e[c]);
+    const float x = to_float(e[c]);
     s = fmaf(x, x, s);
   }
   return s;
@@ -91,7 +83,7 @@ __device__ void side_bounds(int64_t total, int head_dim, bool vec_ok, RowOf row_
       const T* row = row_of(t);
       float acc = 0.f;
       for (int c = lane; c < head_dim; c += 32) {
-        const float x = elem_to_float<T>(row[c]);
+        const float x = to_float(row[c]);
         acc = fmaf(x, x, acc);
       }
       for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
@@ -275,16 +267,9 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
         if constexpr (kKind == MaskKind::kBool) {
           visible = x != 0;
         } else {
-          float f;
-          if constexpr (kKind == MaskKind::kFloat16) {
-            f = __half2float(x);
-          } else if constexpr (kKind == MaskKind::kBFloat16) {
-            f = __bfloat162float(x);
-          } else {
-            f = x;
-          }
+          const float f = to_float(x);
           // (the main kernel adds f * log2(e), rounded the same way)
-          visible = f != -INFINITY && !(f * 1.4426950408889634f < dead_below);
+          visible = f != -INFINITY && !(f * kLog2e < dead_below);
           zero = f == 0.f;
         }
       }
