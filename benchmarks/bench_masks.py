@@ -150,8 +150,9 @@ def main():
                 from torch_sm90_sdpa import _cuda_backend
                 cls = _cuda_backend.tile_classes(bias.expand(b, h, s, s), q, k, lse=lse_m,
                                                  scale=scale)
+                # partial: the mask read per element (1) or as the classification's bits (3)
                 row["tile_classes"] = {name: (cls == code).float().mean().item()
-                                       for code, name in enumerate(("empty", "partial", "full"))}
+                                       for code, name in enumerate(("empty", "partial", "full", "bits"))}
             rows.append(row)
             print(f"{kind:<15} {s:>6} {b:>3} | {t['ours mask']:>9.3f} {t[stock + ' mask']:>14.3f} "
                   f"{t['ours causal']:>11.3f} {t['cudnn causal']:>12.3f} | "

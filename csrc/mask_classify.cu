@@ -1,12 +1,16 @@
 // The tile classification of an attention mask: see mask_classify.h.
 //
 // One CTA per tile and mask instance; its threads walk the tile's rows in chunks of 8 keys (a
-// warp reads consecutive keys, as vectors where the layout allows) and vote. Any layout works
-// (stride 0 on broadcast dims, e.g. [B, 1, 1, Sk] key-padding masks: plain strided loads).
+// warp reads consecutive keys, as vectors where the layout allows; every chunk's loads are
+// issued before any is used) and vote. Any layout works (stride 0 on broadcast dims, e.g.
+// [B, 1, 1, Sk] key-padding masks: plain strided loads). A partial tile whose entries are all
+// either hidden or a zero bias (every partial tile of a boolean mask, and the 0 / -65504 bias
+// torch hands cuDNN) is written as bits too: the main kernel reads 1 bit per entry there.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "bwd_params.h"
@@ -24,6 +28,7 @@ struct ClassifyArgs {
   int seqlen_q, seqlen_k, tile_m, tile_n, num_m_blocks, num_n_blocks, mask_heads;
   bool is_causal;
   unsigned char* tile_class;
+  uint32_t* tile_bits;  // tile_m * tile_n / 32 words per tile, in tile_class order
   // additive masks: the score bounds of each instance's blocks (null for bool masks)
   const float* q_norm_max;  // [mask_batch, mask_heads, num_m_blocks]
   const float* lse_min;     // [mask_batch, mask_heads, num_m_blocks]
@@ -41,9 +46,13 @@ struct BoundsArgs {
   const float* lse_log2;  // [B, Hq, Sq_rounded]
   int batch, heads_q, heads_kv, seqlen_q, seqlen_k, seqlen_q_rounded, head_dim;
   int tile_m, tile_n, num_m_blocks, num_n_blocks, mask_batch, mask_heads;
-  float* q_norm_max;
-  float* lse_min;
-  float* k_norm_max;
+  // the rows of a block are split between `splits` CTAs (a block of a broadcast mask covers
+  // every (batch, head): few blocks, many rows), each writing its share's values at
+  // partial + split * stride, stride = instances * (2 * num_m_blocks + num_n_blocks): the
+  // q_norm_max, lse_min and k_norm_max of every instance, in that order (BwdParams'
+  // arrays); bounds_reduce_kernel folds the shares into those arrays.
+  int splits;
+  float* partial;
 };
 
 // ||x||^2 of 8 elements (one 16-byte vector).
@@ -59,14 +68,15 @@ __device__ __forceinline__ float sumsq8(const uint4 v) {
   return s;
 }
 
-// The rows of one block side: `total` rows, row t at row_of(t) (and its lse_log2 at lse_of(t),
+// Rows [begin, end) of one block side, row t at row_of(t) (and its lse_log2 at lse_of(t),
 // q side only). Vector path (16-byte aligned rows, D a multiple of 8): a group of L lanes per
-// row, L the largest power of two <= D / 8 (8 at d64 / d96, 16 at d128 / d192, 32 at d256),
-// so a warp has 32 / L rows and kUnroll of them per group in flight; else a warp per row.
-constexpr int kUnroll = 4;
+// row, L the largest power of two <= D / 8 (8 at d64 / d96, 16 at d128 / d192, 32 at d256:
+// at most two vectors per lane), so a warp has 32 / L rows and kUnroll of them per group in
+// flight; else a warp per row. (Row indices fit in int: the q or k rows of one problem.)
+constexpr int kUnroll = 8;
 
 template <typename T, class RowOf, class LseOf>
-__device__ void side_bounds(int64_t total, int head_dim, bool vec_ok, RowOf row_of, LseOf lse_of,
+__device__ void side_bounds(int begin, int end, int head_dim, bool vec_ok, RowOf row_of, LseOf lse_of,
                             float& norm_max, float& lse_lo) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
   auto take = [&](float sumsq, float l) {  // l: the row's lse_log2 (q side) or -inf (k side)
@@ -77,7 +87,7 @@ __device__ void side_bounds(int64_t total, int head_dim, bool vec_ok, RowOf row_
     lse_lo = fminf(lse_lo, l);
   };
   if (!vec_ok) {
-    for (int64_t t = warp; t < total; t += warps) {
+    for (int t = begin + warp; t < end; t += warps) {
       const float l = lse_of(t);
       if (l == INFINITY) continue;
       const T* row = row_of(t);
@@ -95,23 +105,26 @@ __device__ void side_bounds(int64_t total, int head_dim, bool vec_ok, RowOf row_
   int group = 32;
   while (group > vecs) group >>= 1;
   const int per_warp = 32 / group, sub = lane % group;
-  const int64_t stride = int64_t(warps) * per_warp;
-  for (int64_t w0 = int64_t(warp) * per_warp; w0 < total; w0 += stride * kUnroll) {
-    float acc[kUnroll], l[kUnroll];
+  const int stride = warps * per_warp;
+  for (int w0 = begin + warp * per_warp; w0 < end; w0 += stride * kUnroll) {
+    uint4 v[kUnroll][2];
+    float l[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {  // issue every load first
-      const int64_t t = w0 + lane / group + u * stride;
-      acc[u] = 0.f;
-      l[u] = t < total ? lse_of(t) : INFINITY;
-      if (t < total) {  // (not gated on l: the row's loads go out with the lse load)
-        const uint4* row = reinterpret_cast<const uint4*>(row_of(t));
-        for (int v = sub; v < vecs; v += group) acc[u] += sumsq8<T>(row[v]);
+      const int t = w0 + lane / group + u * stride;
+      const bool live = t < end;  // (not gated on l: the row's loads go out with the lse load)
+      l[u] = live ? lse_of(t) : INFINITY;
+      const uint4* row = live ? reinterpret_cast<const uint4*>(row_of(t)) : nullptr;
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        v[u][x] = live && sub + x * group < vecs ? row[sub + x * group] : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      for (int off = group / 2; off > 0; off >>= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], off);
-      take(acc[u], l[u]);
+      float acc = sumsq8<T>(v[u][0]) + sumsq8<T>(v[u][1]);
+      for (int off = group / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      take(acc, l[u]);
     }
   }
 }
@@ -121,13 +134,20 @@ __device__ __forceinline__ bool aligned16(const void* p, int64_t s0, int64_t s1,
          (s2 * elem) % 16 == 0;
 }
 
-// One CTA per (block, mask head instance, mask batch instance): blockIdx.x < num_m_blocks is
-// a query block (max ||q_i|| and min lse_log2 over its live rows, lse_log2 < +inf, of every
-// (batch, q head) the instance covers), the rest key blocks (max ||k_j||, keys < Sk, of every
-// (batch, kv head) it covers).
+// One CTA per (block, split x mask head instance, mask batch instance): blockIdx.x <
+// num_m_blocks is a query block (max ||q_i|| and min lse_log2 over its live rows, lse_log2 <
+// +inf, of every (batch, q head) the instance covers), the rest key blocks (max ||k_j||, keys
+// < Sk, of every (batch, kv head) it covers); the CTA takes split `blockIdx.y / mask_heads`
+// of those rows.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) block_bounds_kernel(const BoundsArgs a) {
-  const int mh = blockIdx.y, mb = blockIdx.z;
+  const int mh = blockIdx.y % a.mask_heads, split = blockIdx.y / a.mask_heads, mb = blockIdx.z;
+  // this CTA's share [begin, end) of `total` rows
+  auto share = [&](int total, int& begin, int& end) {
+    const int per = (total + a.splits - 1) / a.splits;
+    begin = min(total, split * per);
+    end = min(total, begin + per);
+  };
   const int b0 = a.mask_batch == 1 ? 0 : mb, b1 = a.mask_batch == 1 ? a.batch : mb + 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
   const bool q_side = int(blockIdx.x) < a.num_m_blocks;
@@ -138,25 +158,26 @@ __global__ void __launch_bounds__(kThreads) block_bounds_kernel(const BoundsArgs
     const int h0 = a.mask_heads == 1 ? 0 : mh, h1 = a.mask_heads == 1 ? a.heads_q : mh + 1;
     const int r0 = m * a.tile_m, r1 = min(r0 + a.tile_m, a.seqlen_q);
     const int per_bh = r1 > r0 ? r1 - r0 : 0;
-    const int64_t total = int64_t(b1 - b0) * (h1 - h0) * per_bh;
+    int begin, end;
+    share((b1 - b0) * (h1 - h0) * per_bh, begin, end);
     // row t: (b, h, r) with r fastest
-    auto bhr = [&](int64_t t, int& b, int& h) {
-      const int64_t bh = t / per_bh;
-      h = h0 + int(bh % (h1 - h0));
-      b = b0 + int(bh / (h1 - h0));
-      return r0 + int(t - bh * per_bh);
+    auto bhr = [&](int t, int& b, int& h) {
+      const int bh = t / per_bh;
+      h = h0 + bh % (h1 - h0);
+      b = b0 + bh / (h1 - h0);
+      return r0 + (t - bh * per_bh);
     };
-    auto row_of = [&](int64_t t) {
+    auto row_of = [&](int t) {
       int b, h;
       const int r = bhr(t, b, h);
       return static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + r * a.q_sr;
     };
-    auto lse_of = [&](int64_t t) {
+    auto lse_of = [&](int t) {
       int b, h;
       const int r = bhr(t, b, h);
       return a.lse_log2[(int64_t(b) * a.heads_q + h) * a.seqlen_q_rounded + r];
     };
-    side_bounds<T>(total, a.head_dim, vec_dim && aligned16(a.q, a.q_sb, a.q_sh, a.q_sr, sizeof(T)),
+    side_bounds<T>(begin, end, a.head_dim, vec_dim && aligned16(a.q, a.q_sb, a.q_sh, a.q_sr, sizeof(T)),
                    row_of, lse_of, norm_max, lse_lo);
   } else {
     const int n = int(blockIdx.x) - a.num_m_blocks;
@@ -165,15 +186,16 @@ __global__ void __launch_bounds__(kThreads) block_bounds_kernel(const BoundsArgs
     const int h1 = a.mask_heads == 1 ? a.heads_kv : mh / group + 1;
     const int r0 = n * a.tile_n, r1 = min(r0 + a.tile_n, a.seqlen_k);
     const int per_bh = r1 > r0 ? r1 - r0 : 0;
-    const int64_t total = int64_t(b1 - b0) * (h1 - h0) * per_bh;
-    auto row_of = [&](int64_t t) {
-      const int64_t bh = t / per_bh;
-      const int h = h0 + int(bh % (h1 - h0)), b = b0 + int(bh / (h1 - h0));
-      const int r = r0 + int(t - bh * per_bh);
+    int begin, end;
+    share((b1 - b0) * (h1 - h0) * per_bh, begin, end);
+    auto row_of = [&](int t) {
+      const int bh = t / per_bh;
+      const int h = h0 + bh % (h1 - h0), b = b0 + bh / (h1 - h0);
+      const int r = r0 + (t - bh * per_bh);
       return static_cast<const T*>(a.k) + b * a.k_sb + h * a.k_sh + r * a.k_sr;
     };
-    auto no_lse = [](int64_t) { return -INFINITY; };  // keys: every row counts
-    side_bounds<T>(total, a.head_dim, vec_dim && aligned16(a.k, a.k_sb, a.k_sh, a.k_sr, sizeof(T)),
+    auto no_lse = [](int) { return -INFINITY; };  // keys: every row counts
+    side_bounds<T>(begin, end, a.head_dim, vec_dim && aligned16(a.k, a.k_sb, a.k_sh, a.k_sr, sizeof(T)),
                    row_of, no_lse, norm_max, lse_lo);
     lse_lo = INFINITY;  // (unused on the key side)
   }
@@ -192,14 +214,31 @@ __global__ void __launch_bounds__(kThreads) block_bounds_kernel(const BoundsArgs
       norm_max = fmaxf(norm_max, s_norm[w]);
       lse_lo = fminf(lse_lo, s_lse[w]);
     }
-    const int64_t inst = int64_t(mb) * a.mask_heads + mh;
+    const int64_t inst = int64_t(mb) * a.mask_heads + mh, instances = int64_t(a.mask_batch) * a.mask_heads;
+    float* part = a.partial + split * instances * (2 * a.num_m_blocks + a.num_n_blocks);
     if (q_side) {
-      a.q_norm_max[inst * a.num_m_blocks + blockIdx.x] = norm_max;
-      a.lse_min[inst * a.num_m_blocks + blockIdx.x] = lse_lo;
+      part[inst * a.num_m_blocks + blockIdx.x] = norm_max;
+      part[(instances + inst) * a.num_m_blocks + blockIdx.x] = lse_lo;
     } else {
-      a.k_norm_max[inst * a.num_n_blocks + (blockIdx.x - a.num_m_blocks)] = norm_max;
+      part[2 * instances * a.num_m_blocks + inst * a.num_n_blocks + (blockIdx.x - a.num_m_blocks)] =
+          norm_max;
     }
   }
+}
+
+// Folds the splits' shares: `count` = instances * (2 * num_m_blocks + num_n_blocks) values,
+// the max of the norms and the min of the lse_log2 (the second of the three arrays).
+__global__ void bounds_reduce_kernel(const float* partial, float* bounds, int count, int splits,
+                                     int lse_begin, int lse_end) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const bool is_lse = i >= lse_begin && i < lse_end;
+  float v = partial[i];
+  for (int s = 1; s < splits; ++s) {
+    const float x = partial[int64_t(s) * count + i];
+    v = is_lse ? fminf(v, x) : fmaxf(v, x);
+  }
+  bounds[i] = v;
 }
 
 template <MaskKind kKind>
@@ -212,6 +251,29 @@ template <> struct MaskElem<MaskKind::kFloat32> { using type = float; };
 // Keys per thread and step: 8 consecutive keys, read as one vector where the mask's key stride
 // is 1 and the address allows it (8 bytes for bool, 16 for fp16 / bf16, 32 for fp32).
 constexpr int kChunk = 8;
+// Chunks per thread: a tile holds at most 128 x 128 keys = 2048 chunks of 8, 8 per thread.
+constexpr int kMaxSteps = 8;
+
+// A chunk's 8 mask elements, loaded as one vector where `vec`.
+template <typename T>
+struct Chunk {
+  T e[kChunk];
+};
+template <typename T>
+__device__ __forceinline__ Chunk<T> load_chunk(const T* src, bool vec) {
+  Chunk<T> c;
+  if (vec) {
+    if constexpr (sizeof(T) == 1) {
+      *reinterpret_cast<uint2*>(c.e) = *reinterpret_cast<const uint2*>(src);
+    } else if constexpr (sizeof(T) == 2) {
+      *reinterpret_cast<uint4*>(c.e) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      reinterpret_cast<uint4*>(c.e)[0] = reinterpret_cast<const uint4*>(src)[0];
+      reinterpret_cast<uint4*>(c.e)[1] = reinterpret_cast<const uint4*>(src)[1];
+    }
+  }
+  return c;
+}
 
 template <MaskKind kKind>
 __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyArgs a) {
@@ -222,7 +284,6 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = m_block * a.tile_m, k0 = n_block * a.tile_n;
   const T* base = static_cast<const T*>(a.mask) + int64_t(b) * a.sb + int64_t(h) * a.sh;
-  bool any_visible = false, all_full = true;
   // additive masks: a finite entry below `dead_below` (log2 domain) gives P = 0 exactly
   // (mask_classify.h); -inf when no bound holds (bool masks never use it)
   float dead_below = -INFINITY;
@@ -237,33 +298,39 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
     const float limit = -160.f - bound;
     if (limit == limit) dead_below = limit;  // NaN (inf - inf): no bound
   }
+  // Chunk i of the tile: row i / chunks_per_row, keys from (i % chunks_per_row) * 8; thread t
+  // takes chunks t, t + kThreads, ... Its visibility byte is byte i of the tile's bits.
   const int chunks_per_row = a.tile_n / kChunk;
   const int chunks = a.tile_m * chunks_per_row;
-  for (int i = threadIdx.x; i < chunks; i += kThreads) {
+  Chunk<T> loaded[kMaxSteps];
+#pragma unroll
+  for (int j = 0; j < kMaxSteps; ++j) {  // every load first
+    const int i = threadIdx.x + j * kThreads;
     const int r = i / chunks_per_row;
     const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
-    if (q >= a.seqlen_q) continue;  // padding rows: P = 0 there whatever the class
-    const T* row = base + int64_t(q) * a.sr;
-    T vals[kChunk];
-    const T* src = row + int64_t(kc) * a.sc;
-    const bool vec = a.sc == 1 && kc + kChunk <= a.seqlen_k &&
+    const T* src = base + int64_t(q) * a.sr + int64_t(kc) * a.sc;
+    const bool vec = i < chunks && q < a.seqlen_q && a.sc == 1 && kc + kChunk <= a.seqlen_k &&
                      reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
-    if (vec) {
-      if constexpr (sizeof(T) == 1) {
-        *reinterpret_cast<uint2*>(vals) = *reinterpret_cast<const uint2*>(src);
-      } else if constexpr (sizeof(T) == 2) {
-        *reinterpret_cast<uint4*>(vals) = *reinterpret_cast<const uint4*>(src);
-      } else {
-        reinterpret_cast<uint4*>(vals)[0] = reinterpret_cast<const uint4*>(src)[0];
-        reinterpret_cast<uint4*>(vals)[1] = reinterpret_cast<const uint4*>(src)[1];
-      }
-    }
+    loaded[j] = load_chunk(src, vec);
+  }
+  bool any_visible = false, all_full = true, binary = true;
+  uint32_t bits[kMaxSteps];
+#pragma unroll
+  for (int j = 0; j < kMaxSteps; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    const int r = i / chunks_per_row;
+    const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
+    bits[j] = 0;
+    if (i >= chunks || q >= a.seqlen_q) continue;  // padding rows: P = 0 there whatever the class
+    const T* row = base + int64_t(q) * a.sr;
+    const bool vec = a.sc == 1 && kc + kChunk <= a.seqlen_k &&
+                     reinterpret_cast<uintptr_t>(row + kc) % (kChunk * sizeof(T)) == 0;
 #pragma unroll
     for (int c = 0; c < kChunk; ++c) {
       const int k = kc + c;
       bool visible = false, zero = true;
       if (k < a.seqlen_k && !(a.is_causal && k > q)) {
-        const T x = vec ? vals[c] : row[int64_t(k) * a.sc];
+        const T x = vec ? loaded[j].e[c] : row[int64_t(k) * a.sc];
         if constexpr (kKind == MaskKind::kBool) {
           visible = x != 0;
         } else {
@@ -275,15 +342,27 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
       }
       any_visible |= visible;
       all_full &= visible && zero;
+      binary &= !visible || zero;  // hidden, or visible with nothing added
+      bits[j] |= uint32_t(visible) << c;
     }
   }
   any_visible = __syncthreads_or(any_visible) && !no_live_row;
   all_full = __syncthreads_and(all_full);
-  if (threadIdx.x == 0) {
-    const int64_t idx = ((int64_t(b) * a.mask_heads + h) * a.num_n_blocks + n_block) *
-                            a.num_m_blocks + m_block;
-    a.tile_class[idx] = !any_visible ? kTileEmpty : (all_full ? kTileFull : kTilePartial);
+  binary = kKind == MaskKind::kBool || __syncthreads_and(binary);
+  const unsigned char cls = !any_visible ? kTileEmpty
+                            : all_full   ? kTileFull
+                            : binary     ? kTilePartialBits
+                                         : kTilePartial;
+  const int64_t idx = ((int64_t(b) * a.mask_heads + h) * a.num_n_blocks + n_block) * a.num_m_blocks + m_block;
+  if (cls == kTilePartialBits) {
+    unsigned char* out = reinterpret_cast<unsigned char*>(a.tile_bits) + idx * chunks;
+#pragma unroll
+    for (int j = 0; j < kMaxSteps; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      if (i < chunks) out[i] = static_cast<unsigned char>(bits[j]);
+    }
   }
+  if (threadIdx.x == 0) a.tile_class[idx] = cls;
 }
 
 // One warp per (mask instance, n-block) row of tile classes: the m-blocks [lo, hi) from the
@@ -327,8 +406,13 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
   a.mask_heads = p.mask_heads;
   a.is_causal = p.is_causal;
   a.tile_class = p.tile_class;
+  a.tile_bits = p.tile_bits;
   if (p.mask_kind != MaskKind::kBool && p.q_norm_max != nullptr && p.lse_min != nullptr &&
-      p.k_norm_max != nullptr) {
+      p.k_norm_max != nullptr && p.bounds_partial != nullptr &&
+      // the reduce writes the three arrays as one (make_params lays them out so); else no
+      // bounds: finite biases stay partial tiles (correct, only slower)
+      p.lse_min == p.q_norm_max + int64_t(p.num_m_blocks) * p.mask_heads * p.mask_batch &&
+      p.k_norm_max == p.lse_min + int64_t(p.num_m_blocks) * p.mask_heads * p.mask_batch) {
     BoundsArgs ba{};
     ba.q = p.q;
     ba.q_sb = p.q_batch_stride;
@@ -352,17 +436,24 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
     ba.num_n_blocks = p.num_n_blocks;
     ba.mask_batch = p.mask_batch;
     ba.mask_heads = p.mask_heads;
-    ba.q_norm_max = p.q_norm_max;
-    ba.lse_min = p.lse_min;
-    ba.k_norm_max = p.k_norm_max;
-    const dim3 bgrid(unsigned(p.num_m_blocks + p.num_n_blocks), unsigned(p.mask_heads),
+    ba.partial = p.bounds_partial;
+    // enough CTAs for about four per multiprocessor
+    const int64_t blocks = int64_t(p.num_m_blocks + p.num_n_blocks) * p.mask_heads * p.mask_batch;
+    const int64_t want = (4 * int64_t(p.num_sms > 0 ? p.num_sms : 132) + blocks - 1) / std::max<int64_t>(blocks, 1);
+    ba.splits = static_cast<int>(std::min<int64_t>(kMaxBoundSplits, std::max<int64_t>(1, want)));
+    const dim3 bgrid(unsigned(p.num_m_blocks + p.num_n_blocks), unsigned(p.mask_heads * ba.splits),
                      unsigned(p.mask_batch));
+    const int count = int(blocks + int64_t(p.num_m_blocks) * p.mask_heads * p.mask_batch);
     if (bgrid.x > 0 && bgrid.y > 0 && bgrid.z > 0) {
       if (p.dtype == DType::kFloat16) {
         block_bounds_kernel<__half><<<bgrid, kThreads, 0, stream>>>(ba);
       } else {
         block_bounds_kernel<__nv_bfloat16><<<bgrid, kThreads, 0, stream>>>(ba);
       }
+      // into q_norm_max, lse_min, k_norm_max (contiguous, in that order: make_params)
+      const int inst_m = p.num_m_blocks * p.mask_heads * p.mask_batch;
+      bounds_reduce_kernel<<<(count + 255) / 256, 256, 0, stream>>>(p.bounds_partial, p.q_norm_max, count,
+                                                                   ba.splits, inst_m, 2 * inst_m);
     }
     a.q_norm_max = p.q_norm_max;
     a.lse_min = p.lse_min;

@@ -282,10 +282,12 @@ def test_workspace_layout_mha_has_no_kv_accumulators():
 
 @needs_C
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16])
-def test_masked_workspace_has_tile_classes_ranges_and_bounds(mask_dtype):
+def test_masked_workspace_has_tile_classes_ranges_bits_and_bounds(mask_dtype):
     """A mask adds, in this order: one class byte per tile and mask instance, one (lo, hi) int32
-    pair per n-block and instance (the non-empty m-block range), and for an additive mask the
-    fp32 score bounds (two per m-block, one per n-block)."""
+    pair per n-block and instance (the non-empty m-block range), one bit per entry of every
+    tile (the bits of partial tiles), and for an additive mask the fp32 score bounds (two per
+    m-block, one per n-block), then room for 32 partial copies of them (the bounds kernel's
+    shares)."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
     b, hq, sq, sk, d = 2, 4, 130, 300, 128
@@ -297,10 +299,12 @@ def test_masked_workspace_has_tile_classes_ranges_and_bounds(mask_dtype):
     m_blocks, n_blocks = -(-sq // gen.TILES[d].block_m), -(-sk // gen.TILES[d].block_n)
     inst = b  # mask_batch x mask_heads
     assert w.tile_m_range == w.tile_class + -(-inst * m_blocks * n_blocks // 16) * 16
-    assert w.score_bounds == w.tile_m_range + -(-8 * inst * n_blocks // 16) * 16
+    assert w.tile_bits == w.tile_m_range + -(-8 * inst * n_blocks // 16) * 16
+    tile_bytes = gen.TILES[d].block_m * gen.TILES[d].block_n // 8
+    assert w.score_bounds == w.tile_bits + inst * m_blocks * n_blocks * tile_bytes
     bounds = 4 * inst * (2 * m_blocks + n_blocks) if mask_dtype != torch.bool else 0
-    assert w.dq_semaphore == w.score_bounds + -(-bounds // 16) * 16
-    assert w.tile_m_range % 16 == 0
+    assert w.dq_semaphore == w.score_bounds + -(-bounds // 16) * 16 * 33
+    assert w.tile_m_range % 16 == 0 and w.tile_bits % 16 == 0 and w.score_bounds % 16 == 0
 
 
 @needs_C

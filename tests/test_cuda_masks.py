@@ -181,22 +181,34 @@ def test_rows_without_keys_give_zero_gradients():
 
 def test_tile_classes_of_a_causal_mask():
     """The classification kernel: a causal mask's tiles are empty above the diagonal, full
-    below it, partial on it (and in the last, partial key block); is_causal folds in."""
+    below it, partial on it (and in the last, partial key block): as bits (3), a boolean mask
+    hiding or keeping each entry; is_causal folds in. The bits hold exactly the visible
+    entries. A bias with other values than 0 / -inf leaves its partial tiles to the per-element
+    path (1)."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
     need_variant(128, torch.bfloat16)
     sq = sk = 1000  # tiles 64 x 128 at d128: 16 m-blocks, 8 n-blocks
     q = torch.randn(1, 2, sq, 128, device=DEV, dtype=torch.bfloat16)
     k = torch.randn(1, 2, sk, 128, device=DEV, dtype=torch.bfloat16)
-    cls = cb.tile_classes(causal_bool(sq, sk, DEV), q, k)
-    assert cls.shape == (1, 1, 8, 16)
+    cls, bits = cb.tile_classes(causal_bool(sq, sk, DEV), q, k, bits=True)
+    assert cls.shape == (1, 1, 8, 16) and bits.shape == (1, 1, 8, 16, 64, 128)
+    i = torch.arange(16 * 64, device=DEV)[:, None]
+    j = torch.arange(8 * 128, device=DEV)[None, :]
+    keep = (j <= i) & (j < sk) & (i < sq)  # over the padded grid of tiles
     for n in range(8):
         for m in range(16):
             rows, cols = range(64 * m, min(64 * m + 64, sq)), range(128 * n, 128 * n + 128)
             visible = [c <= r for r in rows for c in cols if c < sk]
             has_tail = cols[-1] >= sk
-            want = 0 if not any(visible) else (2 if all(visible) and not has_tail else 1)
+            want = 0 if not any(visible) else (2 if all(visible) and not has_tail else 3)
             assert cls[0, 0, n, m].item() == want, (n, m)
+            if want == 3:
+                tile = keep[64 * m:64 * m + 64, 128 * n:128 * n + 128]
+                assert torch.equal(bits[0, 0, n, m], tile), (n, m)
+    bias = torch.randn(sq, sk, device=DEV).masked_fill(~causal_bool(sq, sk, DEV), float("-inf"))
+    got = cb.tile_classes(bias, q, k, lse=torch.zeros(1, 2, sq, device=DEV))
+    assert torch.equal(got == 0, cls == 0) and ((got == 1) == (cls != 0)).all()
     # a key-padding mask per batch element and head: instances are not expanded
     kp = torch.ones(2, 1, 1, sk, dtype=torch.bool, device=DEV)
     kp[1, ..., 500:] = False

@@ -173,6 +173,13 @@ struct BwdMainloop {
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesRowStat = kBlockM * sizeof(ElementAccum);
+  // Mask bits of one tile (row-major, kBlockN bits per query row) and the words each MMA
+  // thread stages.
+  static constexpr int kMaskBitWords = kBlockM * kBlockN / 32;
+  static constexpr int kMaskBitWordsPerThread = (kMaskBitWords + kNumMmaThreads - 1) / kNumMmaThreads;
+  // How an m-block's scores are masked (bwd_step's tag): not at all, per element from the
+  // mask (and the causal cut, the key tail), or from the classification's bits.
+  static constexpr int kMaskNone = 0, kMaskValues = 1, kMaskBits = 2;
 
   // ---------------- shared storage ----------------
   using SmemP_t = std::conditional_t<kMmadKVIsRS, cute::array<Element, 0>,
@@ -186,6 +193,8 @@ struct BwdMainloop {
     SmemP_t smem_p;
     cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutLSE>, 128> smem_lse;
     cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutdPsum>, 128> smem_dpsum;
+    // a kTilePartialBits tile's visibility bits (BwdParams::tile_bits), staged per m-block
+    cute::array_aligned<uint32_t, kMaskBitWords, 16> smem_mask_bits;
   };
   // Kept out of the epilogue union: the last dQ reduce-add may still be reading it.
   struct dQStorage {
@@ -236,6 +245,7 @@ struct BwdMainloop {
     int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_col_stride;
     unsigned char const* tile_class;
     int const* tile_m_range;
+    uint32_t const* tile_bits;
     int mask_batch, mask_heads, num_m_blocks, num_n_blocks;
     int* dq_semaphore;  // deterministic mode: [B, Hq, ceil(Sq / kBlockM)], else null
     bool m_descending;     // deterministic kKeysAscending: m-blocks visited last to first
@@ -282,6 +292,7 @@ struct BwdMainloop {
         p.mask_col_stride,
         p.tile_class,
         p.tile_m_range,
+        p.tile_bits,
         p.mask_batch,
         p.mask_heads,
         p.num_m_blocks,
@@ -322,13 +333,17 @@ struct BwdMainloop {
     return {m_min, m_max};
   }
 
+  // With a mask: the index of this CTA's first tile in tile_class order (its m-block 0).
+  CUTE_DEVICE static int64_t first_tile_index(Params const& params, int n_block, int bidh, int bidb) {
+    int const mb = params.mask_batch == 1 ? 0 : bidb;
+    int const mh = params.mask_heads == 1 ? 0 : bidh;
+    return ((int64_t(mb) * params.mask_heads + mh) * params.num_n_blocks + n_block) * int64_t(params.num_m_blocks);
+  }
+
   // With a mask: this CTA's row of tile classes (one byte per m-block), else null.
   CUTE_DEVICE static unsigned char const* tile_classes(Params const& params, int n_block, int bidh, int bidb) {
     if (params.mask_kind == MaskKind::kNone) { return nullptr; }
-    int const mb = params.mask_batch == 1 ? 0 : bidb;
-    int const mh = params.mask_heads == 1 ? 0 : bidh;
-    return params.tile_class + ((int64_t(mb) * params.mask_heads + mh) * params.num_n_blocks + n_block) *
-                                   int64_t(params.num_m_blocks);
+    return params.tile_class + first_tile_index(params, n_block, bidh, bidb);
   }
 
   // The m-blocks of [m_min, m_max) a CTA visits, skipping tiles that are empty under the mask:
@@ -583,17 +598,30 @@ struct BwdMainloop {
     };
 
     // P = exp2(S * scale_log2 - lse_log2) in place of S, once S is done (dP may still run).
-    // kMask: the key tail, the causal cut and the mask (only in the iterations that need it:
-    // partial tiles under a mask, else the causal diagonal and the last key block).
+    // kMaskValues: the key tail, the causal cut and the mask element by element (only in the
+    // iterations that need it: kTilePartial tiles under a mask, else the causal diagonal and
+    // the last key block). kMaskBits: P = 0 where the staged bits of a kTilePartialBits tile
+    // are 0 (they fold in the cut and the tail).
     auto softmax_p = [&](auto& tSrS, int m_block, int stage_q, auto mask_tag) {
-      constexpr bool kMask = decltype(mask_tag)::value;
+      constexpr int kMode = decltype(mask_tag)::value;
       warpgroup_wait<1>();
       warpgroup_fence_operand(tSrS);
       auto thr = tiled_mma_SdP.get_thread_slice(launder_int(thread_idx));
       Tensor tLSE = thr.partition_C(sLSEMma)(_, _, _, stage_q);
-      if constexpr (!kMask) {
+      if constexpr (kMode == kMaskNone) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) { tSrS(i) = exp2f(tSrS(i) * scale_log2 - tLSE(i)); }
+      } else if constexpr (kMode == kMaskBits) {
+        Tensor tScS = thr.partition_C(make_identity_tensor(ShapeS{}));
+        uint32_t const* bits = st.smem_mask_bits.data();
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) {
+          auto c = tScS(i);
+          int const q = kSdPSwapAB ? get<1>(c) : get<0>(c);
+          int const k = kSdPSwapAB ? get<0>(c) : get<1>(c);
+          bool const visible = (bits[q * (kBlockN / 32) + k / 32] >> (k % 32)) & 1u;
+          tSrS(i) = visible ? exp2f(tSrS(i) * scale_log2 - tLSE(i)) : 0.f;
+        }
       } else {
         Tensor tScS = thr.partition_C(make_identity_tensor(ShapeS{}));
         int const row0 = m_block * kBlockM;
@@ -731,15 +759,43 @@ struct BwdMainloop {
       named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
     };
 
-    // One m-block.
+    // A kTilePartialBits tile's bits: loaded from global memory before the S / dP wgmmas are
+    // issued, staged in shared memory while they run (the previous bits step's readers are
+    // past its kPdS barrier by then).
+    using BitWords = cute::array<uint32_t, kMaskBitWordsPerThread>;
+    auto load_mask_bits = [&](int m_block, BitWords& words) {
+      int const tid = launder_int(thread_idx);
+      uint32_t const* src = params.tile_bits +
+                            (first_tile_index(params, n_block, bidh, bidb) + m_block) * int64_t(kMaskBitWords);
+      CUTLASS_PRAGMA_UNROLL
+      for (int w = 0; w < kMaskBitWordsPerThread; ++w) {
+        int const idx = tid + w * kNumMmaThreads;
+        words[w] = idx < kMaskBitWords ? src[idx] : 0u;
+      }
+    };
+    auto stage_mask_bits = [&](BitWords const& words) {
+      int const tid = launder_int(thread_idx);
+      CUTLASS_PRAGMA_UNROLL
+      for (int w = 0; w < kMaskBitWordsPerThread; ++w) {
+        int const idx = tid + w * kNumMmaThreads;
+        if (idx < kMaskBitWords) { st.smem_mask_bits[idx] = words[w]; }
+      }
+      named_sync(kNumMmaThreads, BwdBarrier::kMaskBits);
+    };
+
+    // One m-block; mask_tag: cute::Int<kMaskNone / kMaskValues / kMaskBits>.
     auto bwd_step = [&](int m_block, auto mask_tag) {
+      constexpr int kMode = decltype(mask_tag)::value;
       int const stage_q = read_q.index();
       int const stage_do = read_do.index();
       int const stage_ds = kStagesdS == 1 ? 0 : stage_q;
 
+      BitWords mask_words;
+      if constexpr (kMode == kMaskBits) { load_mask_bits(m_block, mask_words); }
       Tensor tSrS = partition_fragment_C(tiled_mma_SdP, ShapeS{});    // S, then P
       Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});  // dP, then dS
       gemm_s_dp(tSrS, tdPrdP, stage_q, stage_do);
+      if constexpr (kMode == kMaskBits) { stage_mask_bits(mask_words); }
       softmax_p(tSrS, m_block, stage_q, mask_tag);
       softmax_grad(tSrS, tdPrdP, stage_do);
       Tensor rP = make_tensor_like<Element>(tSrS);
@@ -781,11 +837,13 @@ struct BwdMainloop {
     for (int m_block = m_first; m_block >= 0;
          m_block = following_m_block(params, classes(), m_block, m_min, m_max)) {
       unsigned char const* cls = classes();
-      bool const partial = cls != nullptr ? cls[m_block] == kTilePartial : m_block < m_mask_end;
-      if (partial) {
-        bwd_step(m_block, cute::true_type{});
+      int const tile = cls != nullptr ? int(cls[m_block]) : (m_block < m_mask_end ? kTilePartial : kTileFull);
+      if (tile == kTilePartialBits) {
+        bwd_step(m_block, cute::Int<kMaskBits>{});
+      } else if (tile == kTilePartial) {
+        bwd_step(m_block, cute::Int<kMaskValues>{});
       } else {
-        bwd_step(m_block, cute::false_type{});
+        bwd_step(m_block, cute::Int<kMaskNone>{});
       }
     }
     warpgroup_fence_operand(tdKrdK);
