@@ -48,7 +48,7 @@ def main():
     fill = float("-inf") if args.fill == "inf" else -65504.0
     bias = torch.zeros(s, s, device="cuda", dtype=torch.bfloat16).masked_fill(i[None, :] > i[:, None], fill)
     bias = bias[None, None].expand(b, 1, s, s)  # [B, 1, S, S], as transformers passes it
-    o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, True, scale, False)
+    o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, True, scale, hkv != h)
 
     modes = {
         "is_causal": lambda: torch.ops.torch_sm90_sdpa.sdpa_backward(do, q, k, v, o, lse, True, scale, False),

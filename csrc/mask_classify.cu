@@ -71,9 +71,43 @@ __device__ __forceinline__ float sumsq8(const uint4 v) {
 // Rows [begin, end) of one block side, row t at row_of(t) (and its lse_log2 at lse_of(t),
 // q side only). Vector path (16-byte aligned rows, D a multiple of 8): a group of L lanes per
 // row, L the largest power of two <= D / 8 (8 at d64 / d96, 16 at d128 / d192, 32 at d256:
-// at most two vectors per lane), so a warp has 32 / L rows and kUnroll of them per group in
-// flight; else a warp per row. (Row indices fit in int: the q or k rows of one problem.)
+// at most two vectors per lane and row), so a warp has 32 / L rows, and each lane kUnroll
+// vectors (of 8 / 4 rows) in flight; else a warp per row. (Row indices fit in int: the q or
+// k rows of one problem.)
 constexpr int kUnroll = 8;
+
+// The vector path's rows, kSlots (1 or 2) vectors per lane and row (2 at d96 / d192 only).
+template <typename T, int kSlots, class RowOf, class LseOf, class Take>
+__device__ __forceinline__ void vector_rows(int begin, int end, int vecs, int group, RowOf row_of,
+                                            LseOf lse_of, Take take) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
+  const int per_warp = 32 / group, sub = lane % group;
+  const int stride = warps * per_warp;
+  constexpr int kRows = kUnroll / kSlots;  // rows per lane group in flight (same bytes)
+  for (int w0 = begin + warp * per_warp; w0 < end; w0 += stride * kRows) {
+    uint4 v[kRows][kSlots];
+    float l[kRows];
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) {  // issue every load first
+      const int t = w0 + lane / group + u * stride;
+      const bool live = t < end;  // (not gated on l: the row's loads go out with the lse load)
+      l[u] = live ? lse_of(t) : INFINITY;
+      const uint4* row = live ? reinterpret_cast<const uint4*>(row_of(t)) : nullptr;
+#pragma unroll
+      for (int x = 0; x < kSlots; ++x) {
+        v[u][x] = live && sub + x * group < vecs ? row[sub + x * group] : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) {
+      float acc = 0.f;
+#pragma unroll
+      for (int x = 0; x < kSlots; ++x) acc += sumsq8<T>(v[u][x]);
+      for (int off = group / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      take(acc, l[u]);
+    }
+  }
+}
 
 template <typename T, class RowOf, class LseOf>
 __device__ void side_bounds(int begin, int end, int head_dim, bool vec_ok, RowOf row_of, LseOf lse_of,
@@ -104,28 +138,10 @@ __device__ void side_bounds(int begin, int end, int head_dim, bool vec_ok, RowOf
   const int vecs = head_dim / 8;
   int group = 32;
   while (group > vecs) group >>= 1;
-  const int per_warp = 32 / group, sub = lane % group;
-  const int stride = warps * per_warp;
-  for (int w0 = begin + warp * per_warp; w0 < end; w0 += stride * kUnroll) {
-    uint4 v[kUnroll][2];
-    float l[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {  // issue every load first
-      const int t = w0 + lane / group + u * stride;
-      const bool live = t < end;  // (not gated on l: the row's loads go out with the lse load)
-      l[u] = live ? lse_of(t) : INFINITY;
-      const uint4* row = live ? reinterpret_cast<const uint4*>(row_of(t)) : nullptr;
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        v[u][x] = live && sub + x * group < vecs ? row[sub + x * group] : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float acc = sumsq8<T>(v[u][0]) + sumsq8<T>(v[u][1]);
-      for (int off = group / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-      take(acc, l[u]);
-    }
+  if (vecs > group) {
+    vector_rows<T, 2>(begin, end, vecs, group, row_of, lse_of, take);
+  } else {
+    vector_rows<T, 1>(begin, end, vecs, group, row_of, lse_of, take);
   }
 }
 
@@ -140,7 +156,7 @@ __device__ __forceinline__ bool aligned16(const void* p, int64_t s0, int64_t s1,
 // < Sk, of every (batch, kv head) it covers); the CTA takes split `blockIdx.y / mask_heads`
 // of those rows.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) block_bounds_kernel(const BoundsArgs a) {
+__global__ void __launch_bounds__(kThreads, 3) block_bounds_kernel(const BoundsArgs a) {
   const int mh = blockIdx.y % a.mask_heads, split = blockIdx.y / a.mask_heads, mb = blockIdx.z;
   // this CTA's share [begin, end) of `total` rows
   auto share = [&](int total, int& begin, int& end) {
@@ -251,8 +267,11 @@ template <> struct MaskElem<MaskKind::kFloat32> { using type = float; };
 // Keys per thread and step: 8 consecutive keys, read as one vector where the mask's key stride
 // is 1 and the address allows it (8 bytes for bool, 16 for fp16 / bf16, 32 for fp32).
 constexpr int kChunk = 8;
-// Chunks per thread: a tile holds at most 128 x 128 keys = 2048 chunks of 8, 8 per thread.
+// Chunks per thread: a tile holds at most 128 x 128 keys = 2048 chunks of 8, 8 per thread,
+// taken in passes of kStepsPerPass chunks whose loads are all issued before any is used (few
+// registers: three CTAs per multiprocessor keep enough loads in flight).
 constexpr int kMaxSteps = 8;
+constexpr int kStepsPerPass = 4;
 
 // A chunk's 8 mask elements, loaded as one vector where `vec`.
 template <typename T>
@@ -276,7 +295,7 @@ __device__ __forceinline__ Chunk<T> load_chunk(const T* src, bool vec) {
 }
 
 template <MaskKind kKind>
-__global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyArgs a) {
+__global__ void __launch_bounds__(kThreads, 3) mask_classify_kernel(const ClassifyArgs a) {
   using T = typename MaskElem<kKind>::type;
   const int tile = blockIdx.x;  // n_block * num_m_blocks + m_block
   const int n_block = tile / a.num_m_blocks;
@@ -299,51 +318,56 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
     if (limit == limit) dead_below = limit;  // NaN (inf - inf): no bound
   }
   // Chunk i of the tile: row i / chunks_per_row, keys from (i % chunks_per_row) * 8; thread t
-  // takes chunks t, t + kThreads, ... Its visibility byte is byte i of the tile's bits.
+  // takes chunks t, t + kThreads, ... (step j: chunk t + j * kThreads). Its visibility byte is
+  // byte i of the tile's bits, kept in byte j of `bits` until the vote.
   const int chunks_per_row = a.tile_n / kChunk;
   const int chunks = a.tile_m * chunks_per_row;
-  Chunk<T> loaded[kMaxSteps];
-#pragma unroll
-  for (int j = 0; j < kMaxSteps; ++j) {  // every load first
-    const int i = threadIdx.x + j * kThreads;
-    const int r = i / chunks_per_row;
-    const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
-    const T* src = base + int64_t(q) * a.sr + int64_t(kc) * a.sc;
-    const bool vec = i < chunks && q < a.seqlen_q && a.sc == 1 && kc + kChunk <= a.seqlen_k &&
-                     reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
-    loaded[j] = load_chunk(src, vec);
-  }
   bool any_visible = false, all_full = true, binary = true;
-  uint32_t bits[kMaxSteps];
+  uint64_t bits = 0;
+#pragma unroll 1
+  for (int j0 = 0; j0 * kThreads < chunks; j0 += kStepsPerPass) {
+    Chunk<T> loaded[kStepsPerPass];
 #pragma unroll
-  for (int j = 0; j < kMaxSteps; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    const int r = i / chunks_per_row;
-    const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
-    bits[j] = 0;
-    if (i >= chunks || q >= a.seqlen_q) continue;  // padding rows: P = 0 there whatever the class
-    const T* row = base + int64_t(q) * a.sr;
-    const bool vec = a.sc == 1 && kc + kChunk <= a.seqlen_k &&
-                     reinterpret_cast<uintptr_t>(row + kc) % (kChunk * sizeof(T)) == 0;
+    for (int s = 0; s < kStepsPerPass; ++s) {  // every load of the pass first
+      const int i = threadIdx.x + (j0 + s) * kThreads;
+      const int r = i / chunks_per_row;
+      const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
+      const T* src = base + int64_t(q) * a.sr + int64_t(kc) * a.sc;
+      const bool vec = i < chunks && q < a.seqlen_q && a.sc == 1 && kc + kChunk <= a.seqlen_k &&
+                       reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
+      loaded[s] = load_chunk(src, vec);
+    }
 #pragma unroll
-    for (int c = 0; c < kChunk; ++c) {
-      const int k = kc + c;
-      bool visible = false, zero = true;
-      if (k < a.seqlen_k && !(a.is_causal && k > q)) {
-        const T x = vec ? loaded[j].e[c] : row[int64_t(k) * a.sc];
-        if constexpr (kKind == MaskKind::kBool) {
-          visible = x != 0;
-        } else {
-          const float f = to_float(x);
-          // (the main kernel adds f * log2(e), rounded the same way)
-          visible = f != -INFINITY && !(f * kLog2e < dead_below);
-          zero = f == 0.f;
+    for (int s = 0; s < kStepsPerPass; ++s) {
+      const int i = threadIdx.x + (j0 + s) * kThreads;
+      const int r = i / chunks_per_row;
+      const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
+      if (i >= chunks || q >= a.seqlen_q) continue;  // padding rows: P = 0 whatever the class
+      const T* row = base + int64_t(q) * a.sr;
+      const bool vec = a.sc == 1 && kc + kChunk <= a.seqlen_k &&
+                       reinterpret_cast<uintptr_t>(row + kc) % (kChunk * sizeof(T)) == 0;
+      uint32_t byte = 0;
+#pragma unroll
+      for (int c = 0; c < kChunk; ++c) {
+        const int k = kc + c;
+        bool visible = false, zero = true;
+        if (k < a.seqlen_k && !(a.is_causal && k > q)) {
+          const T x = vec ? loaded[s].e[c] : row[int64_t(k) * a.sc];
+          if constexpr (kKind == MaskKind::kBool) {
+            visible = x != 0;
+          } else {
+            const float f = to_float(x);
+            // (the main kernel adds f * log2(e), rounded the same way)
+            visible = f != -INFINITY && !(f * kLog2e < dead_below);
+            zero = f == 0.f;
+          }
         }
+        any_visible |= visible;
+        all_full &= visible && zero;
+        binary &= !visible || zero;  // hidden, or visible with nothing added
+        byte |= uint32_t(visible) << c;
       }
-      any_visible |= visible;
-      all_full &= visible && zero;
-      binary &= !visible || zero;  // hidden, or visible with nothing added
-      bits[j] |= uint32_t(visible) << c;
+      bits |= uint64_t(byte) << (8 * (j0 + s));
     }
   }
   any_visible = __syncthreads_or(any_visible) && !no_live_row;
@@ -359,7 +383,7 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
 #pragma unroll
     for (int j = 0; j < kMaxSteps; ++j) {
       const int i = threadIdx.x + j * kThreads;
-      if (i < chunks) out[i] = static_cast<unsigned char>(bits[j]);
+      if (i < chunks) out[i] = static_cast<unsigned char>(bits >> (8 * j));
     }
   }
   if (threadIdx.x == 0) a.tile_class[idx] = cls;
