@@ -1,8 +1,7 @@
 // The tile classification of an attention mask: see mask_classify.h.
 //
 // One CTA per tile and mask instance; its threads walk the tile's rows in chunks of 8 keys (a
-// warp reads consecutive keys, as vectors where the layout allows; every chunk's loads are
-// issued before any is used) and vote. Any layout works (stride 0 on broadcast dims, e.g.
+// warp reads consecutive keys, as vectors where the layout allows) and vote. Any layout works (stride 0 on broadcast dims, e.g.
 // [B, 1, 1, Sk] key-padding masks: plain strided loads). A partial tile whose entries are all
 // either hidden or a zero bias (every partial tile of a boolean mask, and the 0 / -65504 bias
 // torch hands cuDNN) is written as bits too: the main kernel reads 1 bit per entry there.
@@ -267,11 +266,8 @@ template <> struct MaskElem<MaskKind::kFloat32> { using type = float; };
 // Keys per thread and step: 8 consecutive keys, read as one vector where the mask's key stride
 // is 1 and the address allows it (8 bytes for bool, 16 for fp16 / bf16, 32 for fp32).
 constexpr int kChunk = 8;
-// Chunks per thread: a tile holds at most 128 x 128 keys = 2048 chunks of 8, 8 per thread,
-// taken in passes of kStepsPerPass chunks whose loads are all issued before any is used (few
-// registers: three CTAs per multiprocessor keep enough loads in flight).
+// Chunks per thread: a tile holds at most 128 x 128 keys = 2048 chunks of 8, 8 per thread.
 constexpr int kMaxSteps = 8;
-constexpr int kStepsPerPass = 4;
 
 // A chunk's 8 mask elements, loaded as one vector where `vec`.
 template <typename T>
@@ -295,7 +291,7 @@ __device__ __forceinline__ Chunk<T> load_chunk(const T* src, bool vec) {
 }
 
 template <MaskKind kKind>
-__global__ void __launch_bounds__(kThreads, 3) mask_classify_kernel(const ClassifyArgs a) {
+__global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyArgs a) {
   using T = typename MaskElem<kKind>::type;
   const int tile = blockIdx.x;  // n_block * num_m_blocks + m_block
   const int n_block = tile / a.num_m_blocks;
@@ -318,57 +314,44 @@ __global__ void __launch_bounds__(kThreads, 3) mask_classify_kernel(const Classi
     if (limit == limit) dead_below = limit;  // NaN (inf - inf): no bound
   }
   // Chunk i of the tile: row i / chunks_per_row, keys from (i % chunks_per_row) * 8; thread t
-  // takes chunks t, t + kThreads, ... (step j: chunk t + j * kThreads). Its visibility byte is
-  // byte i of the tile's bits, kept in byte j of `bits` until the vote.
+  // takes chunks t, t + kThreads, ... (step j: chunk t + j * kThreads), one load in flight
+  // per thread (few registers, many warps: the loads of other warps overlap). Its visibility
+  // byte is byte i of the tile's bits, kept in byte j of `bits` until the vote.
   const int chunks_per_row = a.tile_n / kChunk;
   const int chunks = a.tile_m * chunks_per_row;
   bool any_visible = false, all_full = true, binary = true;
   uint64_t bits = 0;
-#pragma unroll 1
-  for (int j0 = 0; j0 * kThreads < chunks; j0 += kStepsPerPass) {
-    Chunk<T> loaded[kStepsPerPass];
+  for (int j = 0, i = threadIdx.x; i < chunks; ++j, i += kThreads) {
+    const int r = i / chunks_per_row;
+    const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
+    if (q >= a.seqlen_q) continue;  // padding rows: P = 0 there whatever the class
+    const T* row = base + int64_t(q) * a.sr;
+    const T* src = row + int64_t(kc) * a.sc;
+    const bool vec = a.sc == 1 && kc + kChunk <= a.seqlen_k &&
+                     reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
+    const Chunk<T> loaded = load_chunk(src, vec);
+    uint32_t byte = 0;
 #pragma unroll
-    for (int s = 0; s < kStepsPerPass; ++s) {  // every load of the pass first
-      const int i = threadIdx.x + (j0 + s) * kThreads;
-      const int r = i / chunks_per_row;
-      const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
-      const T* src = base + int64_t(q) * a.sr + int64_t(kc) * a.sc;
-      const bool vec = i < chunks && q < a.seqlen_q && a.sc == 1 && kc + kChunk <= a.seqlen_k &&
-                       reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
-      loaded[s] = load_chunk(src, vec);
-    }
-#pragma unroll
-    for (int s = 0; s < kStepsPerPass; ++s) {
-      const int i = threadIdx.x + (j0 + s) * kThreads;
-      const int r = i / chunks_per_row;
-      const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
-      if (i >= chunks || q >= a.seqlen_q) continue;  // padding rows: P = 0 whatever the class
-      const T* row = base + int64_t(q) * a.sr;
-      const bool vec = a.sc == 1 && kc + kChunk <= a.seqlen_k &&
-                       reinterpret_cast<uintptr_t>(row + kc) % (kChunk * sizeof(T)) == 0;
-      uint32_t byte = 0;
-#pragma unroll
-      for (int c = 0; c < kChunk; ++c) {
-        const int k = kc + c;
-        bool visible = false, zero = true;
-        if (k < a.seqlen_k && !(a.is_causal && k > q)) {
-          const T x = vec ? loaded[s].e[c] : row[int64_t(k) * a.sc];
-          if constexpr (kKind == MaskKind::kBool) {
-            visible = x != 0;
-          } else {
-            const float f = to_float(x);
-            // (the main kernel adds f * log2(e), rounded the same way)
-            visible = f != -INFINITY && !(f * kLog2e < dead_below);
-            zero = f == 0.f;
-          }
+    for (int c = 0; c < kChunk; ++c) {
+      const int k = kc + c;
+      bool visible = false, zero = true;
+      if (k < a.seqlen_k && !(a.is_causal && k > q)) {
+        const T x = vec ? loaded.e[c] : row[int64_t(k) * a.sc];
+        if constexpr (kKind == MaskKind::kBool) {
+          visible = x != 0;
+        } else {
+          const float f = to_float(x);
+          // (the main kernel adds f * log2(e), rounded the same way)
+          visible = f != -INFINITY && !(f * kLog2e < dead_below);
+          zero = f == 0.f;
         }
-        any_visible |= visible;
-        all_full &= visible && zero;
-        binary &= !visible || zero;  // hidden, or visible with nothing added
-        byte |= uint32_t(visible) << c;
       }
-      bits |= uint64_t(byte) << (8 * (j0 + s));
+      any_visible |= visible;
+      all_full &= visible && zero;
+      binary &= !visible || zero;  // hidden, or visible with nothing added
+      byte |= uint32_t(visible) << c;
     }
+    bits |= uint64_t(byte) << (8 * j);
   }
   any_visible = __syncthreads_or(any_visible) && !no_live_row;
   all_full = __syncthreads_and(all_full);

@@ -94,14 +94,21 @@ def test_parse_env_values():
         gen.parse_dtypes("fp32")
 
 
-def test_generator_writes_one_file_per_variant(tmp_path):
+def test_generator_writes_two_files_per_variant(tmp_path):
+    """Per variant: the kernel without a mask with run_bwd_main, and the masked kernel."""
     paths = gen.generate(str(tmp_path), head_dims=(128, 64), dtypes=("bf16",), main_kernel=True)
     names = sorted(os.path.basename(p) for p in paths)
-    assert names == ["bwd_main_bf16_hdim128.cu", "bwd_main_bf16_hdim64.cu"]
+    assert names == ["bwd_main_bf16_hdim128.cu", "bwd_main_bf16_hdim128_masked.cu",
+                     "bwd_main_bf16_hdim64.cu", "bwd_main_bf16_hdim64_masked.cu"]
     assert sorted(os.listdir(tmp_path)) == names + ["tile_configs.h", "variants.h"]
     src = (tmp_path / "bwd_main_bf16_hdim64.cu").read_text()
     assert '#include "bwd_main_launch_template.h"' in src
     assert "template void run_bwd_main<DType::kBFloat16, 64>(const BwdParams&, cudaStream_t);" in src
+    assert "\ntemplate void launch_bwd_main<DType::kBFloat16, 64, false>(" in src
+    assert "extern template void launch_bwd_main<DType::kBFloat16, 64, true>(" in src
+    masked = (tmp_path / "bwd_main_bf16_hdim64_masked.cu").read_text()
+    assert "\ntemplate void launch_bwd_main<DType::kBFloat16, 64, true>(" in masked
+    assert "run_bwd_main" not in masked and "false>" not in masked
     hdr = (tmp_path / "variants.h").read_text()
     assert "#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED 1" in hdr
     assert 'X(kBFloat16, "bf16", 1, 64)' in hdr and 'X(kBFloat16, "bf16", 1, 128)' in hdr
@@ -110,15 +117,16 @@ def test_generator_writes_one_file_per_variant(tmp_path):
     for d in gen.TILES:  # every head dim's tile, compiled or not
         assert f"struct DefaultBwdConfig<{d}>" in tiles
 
-    # all defaults: 10 files, fp16 first
+    # all defaults: 20 files, fp16 first
     paths = gen.generate(str(tmp_path))
     assert [os.path.basename(p) for p in paths] == [
-        f"bwd_main_{dt}_hdim{d}.cu" for dt in ("fp16", "bf16") for d in (64, 96, 128, 192, 256)]
+        f"bwd_main_{dt}_hdim{d}{m}.cu" for dt in ("fp16", "bf16") for d in (64, 96, 128, 192, 256)
+        for m in ("", "_masked")]
 
     # a narrower selection removes the files of the variants no longer built
     gen.generate(str(tmp_path), head_dims=(96,), dtypes=("fp16",))
-    assert sorted(os.listdir(tmp_path)) == ["bwd_main_fp16_hdim96.cu", "tile_configs.h",
-                                            "variants.h"]
+    assert sorted(os.listdir(tmp_path)) == ["bwd_main_fp16_hdim96.cu", "bwd_main_fp16_hdim96_masked.cu",
+                                            "tile_configs.h", "variants.h"]
 
 
 def test_generator_without_main_kernel(tmp_path):

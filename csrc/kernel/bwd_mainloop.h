@@ -37,10 +37,13 @@ CUTE_DEVICE auto mma_smem_fragment(ThrMma const& thr_mma, SmemTensor const& t) {
   }
 }
 
-template <class Cfg, class Element_>
+// kMasked_: the kernel serves calls with a mask (params.mask_kind set: tile classes, bits and
+// the mask's values); the kernel without one has none of that code.
+template <class Cfg, class Element_, bool kMasked_>
 struct BwdMainloop {
   using Element = Element_;
   using ElementAccum = float;
+  static constexpr bool kMasked = kMasked_;
 
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
@@ -173,10 +176,10 @@ struct BwdMainloop {
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesRowStat = kBlockM * sizeof(ElementAccum);
-  // Mask bits of one tile (row-major, kBlockN bits per query row) and the words each MMA
-  // thread stages.
+  // Mask bits of one tile (row-major, kBlockN bits per query row).
   static constexpr int kMaskBitWords = kBlockM * kBlockN / 32;
-  static constexpr int kMaskBitWordsPerThread = (kMaskBitWords + kNumMmaThreads - 1) / kNumMmaThreads;
+  static constexpr int kMaskBitVecs = kMaskBitWords / 4;  // 16-byte pieces, one per MMA thread
+  static_assert(kMaskBitVecs <= kNumMmaThreads && kMaskBitWords % 4 == 0);
   // How an m-block's scores are masked (bwd_step's tag): not at all, per element from the
   // mask (and the causal cut, the key tail), or from the classification's bits.
   static constexpr int kMaskNone = 0, kMaskValues = 1, kMaskBits = 2;
@@ -194,7 +197,7 @@ struct BwdMainloop {
     cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutLSE>, 128> smem_lse;
     cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutdPsum>, 128> smem_dpsum;
     // a kTilePartialBits tile's visibility bits (BwdParams::tile_bits), staged per m-block
-    cute::array_aligned<uint32_t, kMaskBitWords, 16> smem_mask_bits;
+    cute::array_aligned<uint32_t, kMasked ? kMaskBitWords : 0, 16> smem_mask_bits;
   };
   // Kept out of the epilogue union: the last dQ reduce-add may still be reading it.
   struct dQStorage {
@@ -759,27 +762,21 @@ struct BwdMainloop {
       named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
     };
 
-    // A kTilePartialBits tile's bits: loaded from global memory before the S / dP wgmmas are
-    // issued, staged in shared memory while they run (the previous bits step's readers are
-    // past its kPdS barrier by then).
-    using BitWords = cute::array<uint32_t, kMaskBitWordsPerThread>;
-    auto load_mask_bits = [&](int m_block, BitWords& words) {
+    // A kTilePartialBits tile's bits: copied from global to shared memory by cp.async (no
+    // registers held) while the S / dP wgmmas run, waited for before the softmax (the previous
+    // bits step's readers are past its kPdS barrier by then).
+    auto load_mask_bits = [&](int m_block) {
       int const tid = launder_int(thread_idx);
-      uint32_t const* src = params.tile_bits +
-                            (first_tile_index(params, n_block, bidh, bidb) + m_block) * int64_t(kMaskBitWords);
-      CUTLASS_PRAGMA_UNROLL
-      for (int w = 0; w < kMaskBitWordsPerThread; ++w) {
-        int const idx = tid + w * kNumMmaThreads;
-        words[w] = idx < kMaskBitWords ? src[idx] : 0u;
+      if (tid < kMaskBitVecs) {
+        auto const* src = reinterpret_cast<cute::uint128_t const*>(
+            params.tile_bits + (first_tile_index(params, n_block, bidh, bidb) + m_block) * int64_t(kMaskBitWords));
+        auto* dst = reinterpret_cast<cute::uint128_t*>(st.smem_mask_bits.data());
+        cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(src[tid], dst[tid]);
       }
+      cute::cp_async_fence();
     };
-    auto stage_mask_bits = [&](BitWords const& words) {
-      int const tid = launder_int(thread_idx);
-      CUTLASS_PRAGMA_UNROLL
-      for (int w = 0; w < kMaskBitWordsPerThread; ++w) {
-        int const idx = tid + w * kNumMmaThreads;
-        if (idx < kMaskBitWords) { st.smem_mask_bits[idx] = words[w]; }
-      }
+    auto wait_mask_bits = [&] {
+      cute::cp_async_wait<0>();
       named_sync(kNumMmaThreads, BwdBarrier::kMaskBits);
     };
 
@@ -790,12 +787,11 @@ struct BwdMainloop {
       int const stage_do = read_do.index();
       int const stage_ds = kStagesdS == 1 ? 0 : stage_q;
 
-      BitWords mask_words;
-      if constexpr (kMode == kMaskBits) { load_mask_bits(m_block, mask_words); }
+      if constexpr (kMode == kMaskBits) { load_mask_bits(m_block); }
       Tensor tSrS = partition_fragment_C(tiled_mma_SdP, ShapeS{});    // S, then P
       Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});  // dP, then dS
       gemm_s_dp(tSrS, tdPrdP, stage_q, stage_do);
-      if constexpr (kMode == kMaskBits) { stage_mask_bits(mask_words); }
+      if constexpr (kMode == kMaskBits) { wait_mask_bits(); }
       softmax_p(tSrS, m_block, stage_q, mask_tag);
       softmax_grad(tSrS, tdPrdP, stage_do);
       Tensor rP = make_tensor_like<Element>(tSrS);
@@ -831,19 +827,40 @@ struct BwdMainloop {
     } else if (is_causal) {
       m_mask_end = cute::min(m_max, (n_block_end - 1 + kBlockM - 1) / kBlockM);
     }
-    // the tile classes' row, rebuilt where used (not a 64-bit value live across the loop)
-    auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int m_block = m_first; m_block >= 0;
-         m_block = following_m_block(params, classes(), m_block, m_min, m_max)) {
-      unsigned char const* cls = classes();
-      int const tile = cls != nullptr ? int(cls[m_block]) : (m_block < m_mask_end ? kTilePartial : kTileFull);
-      if (tile == kTilePartialBits) {
-        bwd_step(m_block, cute::Int<kMaskBits>{});
-      } else if (tile == kTilePartial) {
-        bwd_step(m_block, cute::Int<kMaskValues>{});
-      } else {
-        bwd_step(m_block, cute::Int<kMaskNone>{});
+    if constexpr (kMasked) {
+      // the tile classes' row, rebuilt where used (not a 64-bit value live across the loop)
+      auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
+      // The next m-block and its class are read before this one's step: their loads run
+      // under its wgmmas instead of stalling the warpgroups between steps.
+      int tile = classes()[m_first];
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int m_block = m_first; m_block >= 0;) {
+        int const next = following_m_block(params, classes(), m_block, m_min, m_max);
+        int const next_tile = next >= 0 ? int(classes()[next]) : int(kTileEmpty);
+        if (tile == kTilePartialBits) {
+          bwd_step(m_block, cute::Int<kMaskBits>{});
+        } else if (tile == kTilePartial) {
+          bwd_step(m_block, cute::Int<kMaskValues>{});
+        } else {
+          bwd_step(m_block, cute::Int<kMaskNone>{});
+        }
+        m_block = next;
+        tile = next_tile;
+      }
+    } else {
+      // (the same loop as a masked kernel's before the split: the dense kernel keeps its
+      // register allocation; compile-time knowledge of no mask here made ptxas spill more)
+      auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int m_block = m_first; m_block >= 0;
+           m_block = following_m_block(params, classes(), m_block, m_min, m_max)) {
+        unsigned char const* cls = classes();
+        bool const partial = cls != nullptr ? cls[m_block] == kTilePartial : m_block < m_mask_end;
+        if (partial) {
+          bwd_step(m_block, cute::Int<kMaskValues>{});
+        } else {
+          bwd_step(m_block, cute::Int<kMaskNone>{});
+        }
       }
     }
     warpgroup_fence_operand(tdKrdK);
