@@ -10,6 +10,11 @@ sequences). Backward only, interleaved (ours masked, cuDNN masked, ours causal, 
   padding         causal, every other sequence right-padded to half its length
   sliding window  causal, window s / 4 (Mistral style)
   documents       causal within 4 packed documents of equal length (block-diagonal)
+  key padding     bidirectional, every other sequence padded to half its length (encoders)
+  alibi           a per-head linear bias [1, H, S, S], nothing masked (not routed by default)
+  dense           N(0, 1) bias [B, 1, S, S], nothing masked (ours' worst case)
+The default kinds are the first four; --stock efficient compares with the memory-efficient
+masked backward (what stock runs under deterministic algorithms) instead of cuDNN's.
 
     python benchmarks/bench_masks.py [--seqs 2048,4096,8192,16384] [--reps 10] [--json OUT]
                                      [--head-dim 128] [--kv-heads 4] [--classes]
@@ -29,7 +34,9 @@ from bench_bwd import time_interleaved, write_json  # the interleaved CUDA-event
 aten = torch.ops.aten
 
 
-def make_bias(kind, b, s, fill=float("-inf")):
+def make_bias(kind, b, h, s, fill=float("-inf")):
+    """The bias of a mask kind: [B, 1, S, S] bf16, 0 where visible and `fill` where masked;
+    "alibi" [1, H, S, S] (a per-head linear penalty, nothing masked), "dense" N(0, 1) values."""
     i = torch.arange(s, device="cuda")[:, None]
     j = torch.arange(s, device="cuda")[None, :]
     causal = j <= i
@@ -43,6 +50,15 @@ def make_bias(kind, b, s, fill=float("-inf")):
     elif kind == "documents":
         doc = torch.arange(s, device="cuda") // (s // 4)
         keep = (causal & (doc[:, None] == doc[None, :]))[None].expand(b, s, s)
+    elif kind == "key padding":  # bidirectional (encoder): every other sequence half padded
+        valid = torch.tensor([s if n % 2 == 0 else s // 2 for n in range(b)], device="cuda")
+        keep = (j[None] < valid[:, None, None]).expand(b, s, s)
+    elif kind == "alibi":  # per head: nothing hidden, every tile partial
+        slopes = 2.0 ** (-8.0 * torch.arange(1, h + 1, device="cuda") / h)
+        return (-slopes[:, None, None] * (i - j).abs()).to(torch.bfloat16)[None]
+    elif kind == "dense":  # broadcast over heads, nothing hidden
+        g = torch.Generator(device="cuda").manual_seed(s)
+        return torch.randn(b, 1, s, s, device="cuda", dtype=torch.bfloat16, generator=g)
     else:
         raise ValueError(kind)
     bias = torch.zeros(b, 1, s, s, device="cuda", dtype=torch.bfloat16)
@@ -60,6 +76,22 @@ def cudnn_backward(q, k, v, dout, bias, causal, scale):
         return aten._scaled_dot_product_cudnn_attention_backward(
             dout, q, k, v, o, lse, seed, off, b4, cq, ck, mq, mk, 0.0, causal, scale=scale)
     return run, (o, lse[..., 0])
+
+
+def efficient_backward(q, k, v, dout, bias, causal, scale):
+    """A run() of the memory-efficient backward (stock's masked kernel under deterministic
+    algorithms); it has no GQA: kv heads repeated, as SDPA does."""
+    g = q.size(1) // k.size(1)
+    ke, ve = (t.repeat_interleave(g, 1) if g > 1 else t for t in (k, v))
+    b4 = bias.expand(q.size(0), q.size(1), q.size(2), k.size(2)) if bias is not None else None
+    o, lse, seed, off = aten._scaled_dot_product_efficient_attention(
+        q, ke, ve, b4, True, 0.0, causal, scale=scale)
+
+    def run():
+        return aten._scaled_dot_product_efficient_attention_backward(
+            dout, q, ke, ve, b4, o, lse, seed, off, 0.0, [True, True, True, False], causal,
+            scale=scale)
+    return run, (o, lse[..., : q.size(2)].contiguous())
 
 
 def ours_backward(q, k, v, dout, bias, causal, scale, o, lse):
@@ -80,6 +112,8 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128, help="hidden 2048: 2048 / d q heads")
     ap.add_argument("--kv-heads", type=int, default=None, help="default: as many as q heads")
     ap.add_argument("--classes", action="store_true")
+    ap.add_argument("--stock", choices=("cudnn", "efficient"), default="cudnn",
+                    help="the stock masked backward to compare with")
     ap.add_argument("--fill", choices=("inf", "cudnn"), default="inf",
                     help="masked bias entries: -inf, or -65504 as torch hands cuDNN a bool mask")
     args = ap.parse_args()
@@ -90,8 +124,10 @@ def main():
     rows = []
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, d={d}, h={h}, "
           f"kv heads {hkv}; backward ms (median)")
-    print(f"{'mask':<15} {'s':>6} {'b':>3} | {'ours mask':>9} {'cuDNN mask':>10} "
-          f"{'ours causal':>11} {'cuDNN causal':>12} | {'cuDNN/ours':>10} {'mask/causal':>11}")
+    stock = args.stock
+    stock_masked = cudnn_backward if stock == "cudnn" else efficient_backward
+    print(f"{'mask':<15} {'s':>6} {'b':>3} | {'ours mask':>9} {stock + ' mask':>14} "
+          f"{'ours causal':>11} {'cuDNN causal':>12} | {stock + '/ours':>14} {'mask/causal':>11}")
     for s in (int(x) for x in args.seqs.split(",")):
         b = max(2, 16384 // s)
         g = torch.Generator(device="cuda").manual_seed(s)
@@ -100,29 +136,30 @@ def main():
         causal_run, (o_c, lse_c) = cudnn_backward(q, k, v, dout, None, True, scale)
         ours_causal = ours_backward(q, k, v, dout, None, True, scale, o_c, lse_c)
         for kind in args.kinds.split(","):
-            bias = make_bias(kind, b, s, float("-inf") if args.fill == "inf" else -65504.0)
-            cudnn_mask, (o_m, lse_m) = cudnn_backward(q, k, v, dout, bias, False, scale)
+            bias = make_bias(kind, b, h, s, float("-inf") if args.fill == "inf" else -65504.0)
+            stock_mask, (o_m, lse_m) = stock_masked(q, k, v, dout, bias, False, scale)
             ours_mask = ours_backward(q, k, v, dout, bias, False, scale, o_m, lse_m)
-            t = time_interleaved({"ours mask": ours_mask, "cudnn mask": cudnn_mask,
+            t = time_interleaved({"ours mask": ours_mask, f"{stock} mask": stock_mask,
                                   "ours causal": ours_causal, "cudnn causal": causal_run},
                                  args.reps, warmup=1)
             row = dict(mask=kind, s=s, b=b, head_dim=d, heads=h, kv_heads=hkv, fill=args.fill,
-                       **t,
-                       cudnn_over_ours=t["cudnn mask"] / t["ours mask"],
+                       stock=stock, **t,
+                       stock_over_ours=t[f"{stock} mask"] / t["ours mask"],
                        ours_mask_over_causal=t["ours mask"] / t["ours causal"])
             if args.classes:
                 from torch_sm90_sdpa import _cuda_backend
                 cls = _cuda_backend.tile_classes(bias.expand(b, h, s, s), q, k, lse=lse_m,
                                                  scale=scale)
+                # partial: the mask read per element (1) or as the classification's bits (3)
                 row["tile_classes"] = {name: (cls == code).float().mean().item()
-                                       for code, name in enumerate(("empty", "partial", "full"))}
+                                       for code, name in enumerate(("empty", "partial", "full", "bits"))}
             rows.append(row)
-            print(f"{kind:<15} {s:>6} {b:>3} | {t['ours mask']:>9.3f} {t['cudnn mask']:>10.3f} "
+            print(f"{kind:<15} {s:>6} {b:>3} | {t['ours mask']:>9.3f} {t[stock + ' mask']:>14.3f} "
                   f"{t['ours causal']:>11.3f} {t['cudnn causal']:>12.3f} | "
-                  f"{row['cudnn_over_ours']:>9.2f}x {row['ours_mask_over_causal']:>10.2f}x"
+                  f"{row['stock_over_ours']:>13.2f}x {row['ours_mask_over_causal']:>10.2f}x"
                   f"{'  tiles ' + str(row['tile_classes']) if args.classes else ''}",
                   flush=True)
-            del bias, cudnn_mask, ours_mask, o_m, lse_m
+            del bias, stock_mask, ours_mask, o_m, lse_m
         del q, k, v, dout, causal_run, ours_causal
         torch.cuda.empty_cache()
     if args.json:

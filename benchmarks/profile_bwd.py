@@ -1,29 +1,68 @@
-"""Kernel-level breakdown of one torch.ops.torch_sm90_sdpa.sdpa_backward call (GPU machine):
-    python benchmarks/profile_bwd.py [B H S D]
+"""Kernel-level breakdown of torch.ops.torch_sm90_sdpa.sdpa_backward calls (GPU machine): the
+device time of every kernel per call, for is_causal and for a causal mask passed as a bias
+(so the cost of the mask path shows kernel by kernel):
+    python benchmarks/profile_bwd.py [--b 2 --h 16 --kv-heads 4 --s 16384 --d 128]
 """
-import math
-import sys
+import argparse
+import collections
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import torch_sm90_sdpa  # noqa: F401
 
-b, h, s, d = (int(x) for x in (sys.argv[1:5] if len(sys.argv) > 4 else (4, 16, 4096, 128)))
-causal = True
-q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(4))
-o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, 1 / math.sqrt(d), False)
 
-
-def f():
-    return torch.ops.torch_sm90_sdpa.sdpa_backward(do, q, k, v, o, lse, causal, 1 / math.sqrt(d), False)
-
-
-for _ in range(3):
-    f()
-torch.cuda.synchronize()
-with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as p:
-    for _ in range(5):
-        f()
+def kernel_ms(fn, reps):
+    """{kernel name: device ms per call}, from the profiler's CUDA kernel events."""
+    for _ in range(3):
+        fn()
     torch.cuda.synchronize()
-print(p.key_averages().table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=70))
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per_kernel = collections.defaultdict(float)
+    for e in p.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[e.name] += e.device_time / 1e3 / reps
+    return dict(per_kernel)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--b", type=int, default=2)
+    ap.add_argument("--h", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=None)
+    ap.add_argument("--s", type=int, default=16384)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--fill", choices=["inf", "cudnn"], default="cudnn",
+                    help="masked bias entries: -inf, or -65504 as torch hands cuDNN a bool mask")
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    b, h, s, d = args.b, args.h, args.s, args.d
+    hkv = args.kv_heads or h
+    scale = d ** -0.5
+    q, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+    k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+    i = torch.arange(s, device="cuda")
+    fill = float("-inf") if args.fill == "inf" else -65504.0
+    bias = torch.zeros(s, s, device="cuda", dtype=torch.bfloat16).masked_fill(i[None, :] > i[:, None], fill)
+    bias = bias[None, None].expand(b, 1, s, s)  # [B, 1, S, S], as transformers passes it
+    o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, True, scale, hkv != h)
+
+    modes = {
+        "is_causal": lambda: torch.ops.torch_sm90_sdpa.sdpa_backward(do, q, k, v, o, lse, True, scale, False),
+        "causal bias": lambda: torch.ops.torch_sm90_sdpa.sdpa_backward(do, q, k, v, o, lse, False, scale, False,
+                                                                      bias),
+    }
+    print(f"{torch.cuda.get_device_name()}, b{b} h{h}/{hkv} s{s} d{d}, bias fill {args.fill}; "
+          f"device ms per call (mean of {args.reps})")
+    for name, fn in modes.items():
+        per_kernel = kernel_ms(fn, args.reps)
+        print(f"-- {name}: total {sum(per_kernel.values()):.3f} ms")
+        for kname, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
+            print(f"   {ms:8.3f}  {kname[:110]}")
+
+
+if __name__ == "__main__":
+    main()

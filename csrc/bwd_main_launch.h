@@ -1,5 +1,6 @@
 // Declaration of the main SM90 backward kernel's launcher, one explicit instantiation per
-// (dtype, head dim) in a generated file csrc/instantiations/bwd_main_<dtype>_hdim<D>.cu.
+// (dtype, head dim) in a generated file csrc/instantiations/bwd_main_<dtype>_hdim<D>.cu (its
+// masked kernel in bwd_main_<dtype>_hdim<D>_masked.cu).
 // The definition lives in bwd_main_launch_template.h.
 #pragma once
 
@@ -15,5 +16,9 @@ namespace sm90_sdpa {
 // GQA: adds unscaled dK and dV into dk_accum / dv_accum; the postprocess converts them.
 template <DType kDType, int kHeadDim>
 void run_bwd_main(const BwdParams& params, cudaStream_t stream);
+
+// One of run_bwd_main's two kernels: with (kMasked) or without a mask.
+template <DType kDType, int kHeadDim, bool kMasked>
+void launch_bwd_main(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace sm90_sdpa

@@ -1,6 +1,7 @@
-// Definition of run_bwd_main<DType, D> (declared in bwd_main_launch.h): builds the TMA
-// descriptors and launches the SM90 main backward kernel. Included by the
-// generated csrc/instantiations/bwd_main_<dtype>_hdim<D>.cu, one explicit instantiation each.
+// Definition of run_bwd_main<DType, D> (declared in bwd_main_launch.h) and of the launcher of
+// each of its two kernels, launch_bwd_main<DType, D, kMasked>: builds the TMA descriptors and
+// launches the SM90 main backward kernel. Included by the generated
+// csrc/instantiations/bwd_main_<dtype>_hdim<D>[_masked].cu (explicit instantiations).
 #pragma once
 
 // 64xNx16 wgmma shapes with N not a power of two (e.g. 48 for head dim 96 split in two).
@@ -64,11 +65,13 @@ void set_smem_attribute_once(KernelFn kernel_fn, int smem_size) {
 
 }  // namespace detail
 
-template <DType kDType, int kHeadDim>
-void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
+// kMasked: the kernel that reads tile classes (params.mask_kind set); the other one has no
+// mask code at all, so the mask's code paths cost the dense kernel no registers.
+template <DType kDType, int kHeadDim, bool kMasked>
+void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   using Element = typename detail::ElementOf<kDType>::type;
   using Cfg = kernel::DefaultBwdConfig<kHeadDim>;
-  using Mainloop = kernel::BwdMainloop<Cfg, Element>;
+  using Mainloop = kernel::BwdMainloop<Cfg, Element, kMasked>;
   using Epilogue = kernel::BwdEpilogue<Cfg, Element, Mainloop>;
   using Scheduler = kernel::SingleTileScheduler;
   using Kernel = kernel::BwdKernel<Mainloop, Epilogue, Scheduler>;
@@ -116,6 +119,15 @@ void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
   dim3 const grid = Scheduler::grid_shape(sched);
   kernel_fn<<<grid, Kernel::kNumThreads, smem_size, stream>>>(kparams);
   detail::check_cuda(cudaGetLastError(), "kernel launch");
+}
+
+template <DType kDType, int kHeadDim>
+void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
+  if (params.mask_kind != MaskKind::kNone) {
+    launch_bwd_main<kDType, kHeadDim, true>(params, stream);
+  } else {
+    launch_bwd_main<kDType, kHeadDim, false>(params, stream);
+  }
 }
 
 }  // namespace sm90_sdpa

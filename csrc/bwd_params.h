@@ -24,8 +24,12 @@ enum class MaskKind : int { kNone = 0, kBool = 1, kFloat16 = 2, kBFloat16 = 3, k
 //    mode), each CTA walks its m-blocks last to first, dQ added in ascending key-block order.
 enum class DeterministicOrder : int { kKeysDescending = 0, kKeysAscending = 1 };
 
-// Classes of the main kernel's (m-block, n-block) tiles under a mask (tile_class below).
-enum TileClass : unsigned char { kTileEmpty = 0, kTilePartial = 1, kTileFull = 2 };
+// Classes of the main kernel's (m-block, n-block) tiles under a mask (tile_class below):
+// nothing visible (skipped), some entries hidden or biased (the mask applied per element),
+// every entry visible with a zero bias (no mask work), or partial with every entry either
+// visible with a zero bias or hidden: the classification wrote the tile as one bit per
+// entry (tile_bits), which the main kernel reads instead of the mask.
+enum TileClass : unsigned char { kTileEmpty = 0, kTilePartial = 1, kTileFull = 2, kTilePartialBits = 3 };
 
 // Rows of the fp32 workspaces are padded to a multiple of this, so every tile of the
 // main kernel (at most 128 rows) reads and writes whole rows, and fp32 rows of the
@@ -33,6 +37,11 @@ enum TileClass : unsigned char { kTileEmpty = 0, kTilePartial = 1, kTileFull = 2
 constexpr int kSeqRound = 128;
 
 inline int round_up_seq(int s) { return (s + kSeqRound - 1) / kSeqRound * kSeqRound; }
+
+// The score bounds of an additive mask's classification: at most this many CTAs share the rows
+// of one block (a block of a broadcast mask covers every batch and head); the workspace holds
+// as many partial results (BwdParams::bounds_partial).
+constexpr int kMaxBoundSplits = 32;
 
 struct BwdParams {
   // ---- problem size ----
@@ -82,6 +91,16 @@ struct BwdParams {
   // grid, [mask_batch, mask_heads, num_n_blocks, num_m_blocks] (TileClass). Tiles are
   // tile_m query rows by tile_n keys (the variant's kBlockM x kBlockN).
   unsigned char* tile_class = nullptr;
+  // Written with tile_class: per mask instance and n-block, the m-blocks [lo, hi) from its first
+  // to past its last non-empty tile ({0, 0} when all are empty), [mask_batch, mask_heads,
+  // num_n_blocks] pairs of int32. The main kernel's walks stay inside them instead of stepping
+  // over leading and trailing empty tiles one class byte at a time.
+  int* tile_m_range = nullptr;
+  // Written with tile_class, for kTilePartialBits tiles only: the tile as visibility bits
+  // (1: visible, zero bias; 0: hidden, the key tail and the causal cut included), row-major
+  // over the tile's tile_m rows of tile_n bits, tile_m * tile_n / 32 words per tile, tiles
+  // in tile_class order.
+  uint32_t* tile_bits = nullptr;
   int tile_m = 0, tile_n = 0, num_m_blocks = 0, num_n_blocks = 0;
   // Additive (float) masks only, else nullptr: per mask instance and block, bounds of the
   // scores that let the classification prove a finite bias hides a tile (mask_classify.h):
@@ -91,6 +110,9 @@ struct BwdParams {
   float* q_norm_max = nullptr;
   float* lse_min = nullptr;
   float* k_norm_max = nullptr;
+  // Scratch of the bounds kernel: up to kMaxBoundSplits shares of the three
+  // arrays above, each [mask_batch * mask_heads * (2 * num_m_blocks + num_n_blocks)].
+  float* bounds_partial = nullptr;
 
   // ---- fp32 workspaces, contiguous, allocated by the caller (no need to zero them) ----
   float* dpsum = nullptr;      // [B, Hq, Sq_rounded]    rowsum(dO * O) per row; 0 in padding

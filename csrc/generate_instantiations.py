@@ -5,7 +5,10 @@
 configuration per head dim) are the only statement of the variants. Everything else is
 generated from them or checked against them:
 
-  csrc/instantiations/bwd_main_<dtype>_hdim<D>.cu   one explicit instantiation per variant
+  csrc/instantiations/bwd_main_<dtype>_hdim<D>.cu   per variant: the kernel without a mask and
+                                   run_bwd_main (which picks one of the two kernels)
+  csrc/instantiations/bwd_main_<dtype>_hdim<D>_masked.cu   per variant: the kernel with a mask
+                                   (two files: they compile in parallel)
   csrc/instantiations/variants.h   TORCH_SM90_SDPA_FOR_EACH_VARIANT(X), the C++ dispatch list;
                                    the DefaultBwdConfig<D> tile specializations; a check that
                                    sm90_sdpa::DType has these codes
@@ -125,8 +128,8 @@ def variants(head_dims: Iterable[int], dtypes: Iterable[str]) -> List[Variant]:
     return [(dt, d) for dt in DTYPES if dt in dts for d in sorted(set(head_dims))]
 
 
-def instantiation_filename(dtype: str, head_dim: int) -> str:
-    return f"bwd_main_{dtype}_hdim{head_dim}.cu"
+def instantiation_filename(dtype: str, head_dim: int, masked: bool = False) -> str:
+    return f"bwd_main_{dtype}_hdim{head_dim}{'_masked' if masked else ''}.cu"
 
 
 def template_header_exists(csrc_dir: str = HERE) -> bool:
@@ -147,14 +150,22 @@ def write_if_changed(path: str, text: str) -> bool:
     return True
 
 
-def instantiation_source(dtype: str, head_dim: int) -> str:
+def instantiation_source(dtype: str, head_dim: int, masked: bool = False) -> str:
     enum = DTYPES[dtype][0]
+    launch = f"launch_bwd_main<DType::{enum}, {head_dim}, %s>(const BwdParams&, cudaStream_t);\n"
+    if masked:
+        body = "template void " + launch % "true"
+    else:
+        body = ("extern template void " + launch % "true"  # in the _masked file
+                + "template void " + launch % "false"
+                + f"template void run_bwd_main<DType::{enum}, {head_dim}>(const BwdParams&, cudaStream_t);\n")
     return (
         HEADER_NOTE
-        + f"// Main SM90 backward kernel, dtype {dtype}, head dim {head_dim}.\n"
+        + f"// Main SM90 backward kernel, dtype {dtype}, head dim {head_dim}, "
+        + ("with a mask.\n" if masked else "without a mask; run_bwd_main.\n")
         + f'#include "{TEMPLATE_HEADER}"\n\n'
         + "namespace sm90_sdpa {\n"
-        + f"template void run_bwd_main<DType::{enum}, {head_dim}>(const BwdParams&, cudaStream_t);\n"
+        + body
         + "}  // namespace sm90_sdpa\n"
     )
 
@@ -265,7 +276,8 @@ def generate(
     selected = variants(head_dims, dtypes) if main_kernel else []
     wanted = {}
     for dt, d in selected:
-        wanted[instantiation_filename(dt, d)] = instantiation_source(dt, d)
+        for masked in (False, True):
+            wanted[instantiation_filename(dt, d, masked)] = instantiation_source(dt, d, masked)
     for name in sorted(os.listdir(out_dir)):
         if name.startswith("bwd_main_") and name.endswith(".cu") and name not in wanted:
             os.remove(os.path.join(out_dir, name))

@@ -1,16 +1,20 @@
 // The tile classification of an attention mask: see mask_classify.h.
 //
 // One CTA per tile and mask instance; its threads walk the tile's rows in chunks of 8 keys (a
-// warp reads consecutive keys, as vectors where the layout allows) and vote. Any layout works
-// (stride 0 on broadcast dims, e.g. [B, 1, 1, Sk] key-padding masks: plain strided loads).
+// warp reads consecutive keys, as vectors where the layout allows) and vote. Any layout works (stride 0 on broadcast dims, e.g.
+// [B, 1, 1, Sk] key-padding masks: plain strided loads). A partial tile whose entries are all
+// either hidden or a zero bias (every partial tile of a boolean mask, and the 0 / -65504 bias
+// torch hands cuDNN) is written as bits too: the main kernel reads 1 bit per entry there.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "bwd_params.h"
 #include "mask_classify.h"
+#include "numeric.h"
 
 namespace sm90_sdpa {
 namespace {
@@ -23,6 +27,7 @@ struct ClassifyArgs {
   int seqlen_q, seqlen_k, tile_m, tile_n, num_m_blocks, num_n_blocks, mask_heads;
   bool is_causal;
   unsigned char* tile_class;
+  uint32_t* tile_bits;  // tile_m * tile_n / 32 words per tile, in tile_class order
   // additive masks: the score bounds of each instance's blocks (null for bool masks)
   const float* q_norm_max;  // [mask_batch, mask_heads, num_m_blocks]
   const float* lse_min;     // [mask_batch, mask_heads, num_m_blocks]
@@ -40,61 +45,155 @@ struct BoundsArgs {
   const float* lse_log2;  // [B, Hq, Sq_rounded]
   int batch, heads_q, heads_kv, seqlen_q, seqlen_k, seqlen_q_rounded, head_dim;
   int tile_m, tile_n, num_m_blocks, num_n_blocks, mask_batch, mask_heads;
-  float* q_norm_max;
-  float* lse_min;
-  float* k_norm_max;
+  // the rows of a block are split between `splits` CTAs (a block of a broadcast mask covers
+  // every (batch, head): few blocks, many rows), each writing its share's values at
+  // partial + split * stride, stride = instances * (2 * num_m_blocks + num_n_blocks): the
+  // q_norm_max, lse_min and k_norm_max of every instance, in that order (BwdParams'
+  // arrays); bounds_reduce_kernel folds the shares into those arrays.
+  int splits;
+  float* partial;
 };
 
+// ||x||^2 of 8 elements (one 16-byte vector).
 template <typename T>
-__device__ __forceinline__ float elem_to_float(T x);
-template <>
-__device__ __forceinline__ float elem_to_float<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float elem_to_float<__nv_bfloat16>(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-
-// ||row|| of D elements by one warp; +inf when not finite (a NaN must never shrink a bound).
-template <typename T>
-__device__ float row_norm(const T* row, int dim, int lane) {
-  float acc = 0.f;
-  for (int c = lane; c < dim; c += 32) {
-    const float x = elem_to_float<T>(row[c]);
-    acc = fmaf(x, x, acc);
+__device__ __forceinline__ float sumsq8(const uint4 v) {
+  const T* e = reinterpret_cast<const T*>(&v);
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const float x = to_float(e[c]);
+    s = fmaf(x, x, s);
   }
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  const float n = sqrtf(acc);
-  return n <= 3.0e38f ? n : INFINITY;
+  return s;
 }
 
-// One CTA per (block, mask head instance, mask batch instance): blockIdx.x < num_m_blocks is
-// a query block (max ||q_i|| and min lse_log2 over its live rows, lse_log2 < +inf, of every
-// (batch, q head) the instance covers), the rest key blocks (max ||k_j||, keys < Sk, of every
-// (batch, kv head) it covers). A warp per row.
+// Rows [begin, end) of one block side, row t at row_of(t) (and its lse_log2 at lse_of(t),
+// q side only). Vector path (16-byte aligned rows, D a multiple of 8): a group of L lanes per
+// row, L the largest power of two <= D / 8 (8 at d64 / d96, 16 at d128 / d192, 32 at d256:
+// at most two vectors per lane and row), so a warp has 32 / L rows, and each lane kUnroll
+// vectors (of 8 / 4 rows) in flight; else a warp per row. (Row indices fit in int: the q or
+// k rows of one problem.)
+constexpr int kUnroll = 8;
+
+// The vector path's rows, kSlots (1 or 2) vectors per lane and row (2 at d96 / d192 only).
+template <typename T, int kSlots, class RowOf, class LseOf, class Take>
+__device__ __forceinline__ void vector_rows(int begin, int end, int vecs, int group, RowOf row_of,
+                                            LseOf lse_of, Take take) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
+  const int per_warp = 32 / group, sub = lane % group;
+  const int stride = warps * per_warp;
+  constexpr int kRows = kUnroll / kSlots;  // rows per lane group in flight (same bytes)
+  for (int w0 = begin + warp * per_warp; w0 < end; w0 += stride * kRows) {
+    uint4 v[kRows][kSlots];
+    float l[kRows];
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) {  // issue every load first
+      const int t = w0 + lane / group + u * stride;
+      const bool live = t < end;  // (not gated on l: the row's loads go out with the lse load)
+      l[u] = live ? lse_of(t) : INFINITY;
+      const uint4* row = live ? reinterpret_cast<const uint4*>(row_of(t)) : nullptr;
+#pragma unroll
+      for (int x = 0; x < kSlots; ++x) {
+        v[u][x] = live && sub + x * group < vecs ? row[sub + x * group] : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) {
+      float acc = 0.f;
+#pragma unroll
+      for (int x = 0; x < kSlots; ++x) acc += sumsq8<T>(v[u][x]);
+      for (int off = group / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      take(acc, l[u]);
+    }
+  }
+}
+
+template <typename T, class RowOf, class LseOf>
+__device__ void side_bounds(int begin, int end, int head_dim, bool vec_ok, RowOf row_of, LseOf lse_of,
+                            float& norm_max, float& lse_lo) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
+  auto take = [&](float sumsq, float l) {  // l: the row's lse_log2 (q side) or -inf (k side)
+    if (l == INFINITY) return;             // P = 0 on this row whatever the scores
+    if (l != l) l = -INFINITY;             // NaN: no bound
+    const float n = sqrtf(sumsq);
+    norm_max = fmaxf(norm_max, n <= 3.0e38f ? n : INFINITY);  // a NaN must never shrink a bound
+    lse_lo = fminf(lse_lo, l);
+  };
+  if (!vec_ok) {
+    for (int t = begin + warp; t < end; t += warps) {
+      const float l = lse_of(t);
+      if (l == INFINITY) continue;
+      const T* row = row_of(t);
+      float acc = 0.f;
+      for (int c = lane; c < head_dim; c += 32) {
+        const float x = to_float(row[c]);
+        acc = fmaf(x, x, acc);
+      }
+      for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      take(acc, l);
+    }
+    return;
+  }
+  const int vecs = head_dim / 8;
+  int group = 32;
+  while (group > vecs) group >>= 1;
+  if (vecs > group) {
+    vector_rows<T, 2>(begin, end, vecs, group, row_of, lse_of, take);
+  } else {
+    vector_rows<T, 1>(begin, end, vecs, group, row_of, lse_of, take);
+  }
+}
+
+__device__ __forceinline__ bool aligned16(const void* p, int64_t s0, int64_t s1, int64_t s2, int elem) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (s0 * elem) % 16 == 0 && (s1 * elem) % 16 == 0 &&
+         (s2 * elem) % 16 == 0;
+}
+
+// One CTA per (block, split x mask head instance, mask batch instance): blockIdx.x <
+// num_m_blocks is a query block (max ||q_i|| and min lse_log2 over its live rows, lse_log2 <
+// +inf, of every (batch, q head) the instance covers), the rest key blocks (max ||k_j||, keys
+// < Sk, of every (batch, kv head) it covers); the CTA takes split `blockIdx.y / mask_heads`
+// of those rows.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) block_bounds_kernel(const BoundsArgs a) {
-  const int mh = blockIdx.y, mb = blockIdx.z;
+__global__ void __launch_bounds__(kThreads, 3) block_bounds_kernel(const BoundsArgs a) {
+  const int mh = blockIdx.y % a.mask_heads, split = blockIdx.y / a.mask_heads, mb = blockIdx.z;
+  // this CTA's share [begin, end) of `total` rows
+  auto share = [&](int total, int& begin, int& end) {
+    const int per = (total + a.splits - 1) / a.splits;
+    begin = min(total, split * per);
+    end = min(total, begin + per);
+  };
   const int b0 = a.mask_batch == 1 ? 0 : mb, b1 = a.mask_batch == 1 ? a.batch : mb + 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
   const bool q_side = int(blockIdx.x) < a.num_m_blocks;
+  const bool vec_dim = a.head_dim % 8 == 0;
   float norm_max = 0.f, lse_lo = INFINITY;
   if (q_side) {
     const int m = blockIdx.x;
     const int h0 = a.mask_heads == 1 ? 0 : mh, h1 = a.mask_heads == 1 ? a.heads_q : mh + 1;
     const int r0 = m * a.tile_m, r1 = min(r0 + a.tile_m, a.seqlen_q);
-    const int rows = r1 - r0, per_bh = rows > 0 ? rows : 0;
-    const int64_t total = int64_t(b1 - b0) * (h1 - h0) * per_bh;
-    for (int64_t t = warp; t < total; t += warps) {
-      const int r = r0 + int(t % per_bh);
-      const int64_t bh = t / per_bh;
-      const int h = h0 + int(bh % (h1 - h0)), b = b0 + int(bh / (h1 - h0));
-      float l = a.lse_log2[(int64_t(b) * a.heads_q + h) * a.seqlen_q_rounded + r];
-      if (l == INFINITY) continue;  // P = 0 on this row whatever the scores
-      if (l != l) l = -INFINITY;    // NaN: no bound
-      const T* row = static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + r * a.q_sr;
-      norm_max = fmaxf(norm_max, row_norm<T>(row, a.head_dim, lane));
-      lse_lo = fminf(lse_lo, l);
-    }
+    const int per_bh = r1 > r0 ? r1 - r0 : 0;
+    int begin, end;
+    share((b1 - b0) * (h1 - h0) * per_bh, begin, end);
+    // row t: (b, h, r) with r fastest
+    auto bhr = [&](int t, int& b, int& h) {
+      const int bh = t / per_bh;
+      h = h0 + bh % (h1 - h0);
+      b = b0 + bh / (h1 - h0);
+      return r0 + (t - bh * per_bh);
+    };
+    auto row_of = [&](int t) {
+      int b, h;
+      const int r = bhr(t, b, h);
+      return static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + r * a.q_sr;
+    };
+    auto lse_of = [&](int t) {
+      int b, h;
+      const int r = bhr(t, b, h);
+      return a.lse_log2[(int64_t(b) * a.heads_q + h) * a.seqlen_q_rounded + r];
+    };
+    side_bounds<T>(begin, end, a.head_dim, vec_dim && aligned16(a.q, a.q_sb, a.q_sh, a.q_sr, sizeof(T)),
+                   row_of, lse_of, norm_max, lse_lo);
   } else {
     const int n = int(blockIdx.x) - a.num_m_blocks;
     const int group = a.heads_q / a.heads_kv;
@@ -102,14 +201,22 @@ __global__ void __launch_bounds__(kThreads) block_bounds_kernel(const BoundsArgs
     const int h1 = a.mask_heads == 1 ? a.heads_kv : mh / group + 1;
     const int r0 = n * a.tile_n, r1 = min(r0 + a.tile_n, a.seqlen_k);
     const int per_bh = r1 > r0 ? r1 - r0 : 0;
-    const int64_t total = int64_t(b1 - b0) * (h1 - h0) * per_bh;
-    for (int64_t t = warp; t < total; t += warps) {
-      const int r = r0 + int(t % per_bh);
-      const int64_t bh = t / per_bh;
-      const int h = h0 + int(bh % (h1 - h0)), b = b0 + int(bh / (h1 - h0));
-      const T* row = static_cast<const T*>(a.k) + b * a.k_sb + h * a.k_sh + r * a.k_sr;
-      norm_max = fmaxf(norm_max, row_norm<T>(row, a.head_dim, lane));
-    }
+    int begin, end;
+    share((b1 - b0) * (h1 - h0) * per_bh, begin, end);
+    auto row_of = [&](int t) {
+      const int bh = t / per_bh;
+      const int h = h0 + bh % (h1 - h0), b = b0 + bh / (h1 - h0);
+      const int r = r0 + (t - bh * per_bh);
+      return static_cast<const T*>(a.k) + b * a.k_sb + h * a.k_sh + r * a.k_sr;
+    };
+    auto no_lse = [](int) { return -INFINITY; };  // keys: every row counts
+    side_bounds<T>(begin, end, a.head_dim, vec_dim && aligned16(a.k, a.k_sb, a.k_sh, a.k_sr, sizeof(T)),
+                   row_of, no_lse, norm_max, lse_lo);
+    lse_lo = INFINITY;  // (unused on the key side)
+  }
+  for (int off = 16; off > 0; off >>= 1) {  // the vector path's row groups hold their own values
+    norm_max = fmaxf(norm_max, __shfl_xor_sync(0xffffffffu, norm_max, off));
+    lse_lo = fminf(lse_lo, __shfl_xor_sync(0xffffffffu, lse_lo, off));
   }
   __shared__ float s_norm[kThreads / 32], s_lse[kThreads / 32];
   if (lane == 0) {
@@ -122,14 +229,31 @@ __global__ void __launch_bounds__(kThreads) block_bounds_kernel(const BoundsArgs
       norm_max = fmaxf(norm_max, s_norm[w]);
       lse_lo = fminf(lse_lo, s_lse[w]);
     }
-    const int64_t inst = int64_t(mb) * a.mask_heads + mh;
+    const int64_t inst = int64_t(mb) * a.mask_heads + mh, instances = int64_t(a.mask_batch) * a.mask_heads;
+    float* part = a.partial + split * instances * (2 * a.num_m_blocks + a.num_n_blocks);
     if (q_side) {
-      a.q_norm_max[inst * a.num_m_blocks + blockIdx.x] = norm_max;
-      a.lse_min[inst * a.num_m_blocks + blockIdx.x] = lse_lo;
+      part[inst * a.num_m_blocks + blockIdx.x] = norm_max;
+      part[(instances + inst) * a.num_m_blocks + blockIdx.x] = lse_lo;
     } else {
-      a.k_norm_max[inst * a.num_n_blocks + (blockIdx.x - a.num_m_blocks)] = norm_max;
+      part[2 * instances * a.num_m_blocks + inst * a.num_n_blocks + (blockIdx.x - a.num_m_blocks)] =
+          norm_max;
     }
   }
+}
+
+// Folds the splits' shares: `count` = instances * (2 * num_m_blocks + num_n_blocks) values,
+// the max of the norms and the min of the lse_log2 (the second of the three arrays).
+__global__ void bounds_reduce_kernel(const float* partial, float* bounds, int count, int splits,
+                                     int lse_begin, int lse_end) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const bool is_lse = i >= lse_begin && i < lse_end;
+  float v = partial[i];
+  for (int s = 1; s < splits; ++s) {
+    const float x = partial[int64_t(s) * count + i];
+    v = is_lse ? fminf(v, x) : fmaxf(v, x);
+  }
+  bounds[i] = v;
 }
 
 template <MaskKind kKind>
@@ -142,6 +266,29 @@ template <> struct MaskElem<MaskKind::kFloat32> { using type = float; };
 // Keys per thread and step: 8 consecutive keys, read as one vector where the mask's key stride
 // is 1 and the address allows it (8 bytes for bool, 16 for fp16 / bf16, 32 for fp32).
 constexpr int kChunk = 8;
+// Chunks per thread: a tile holds at most 128 x 128 keys = 2048 chunks of 8, 8 per thread.
+constexpr int kMaxSteps = 8;
+
+// A chunk's 8 mask elements, loaded as one vector where `vec`.
+template <typename T>
+struct Chunk {
+  T e[kChunk];
+};
+template <typename T>
+__device__ __forceinline__ Chunk<T> load_chunk(const T* src, bool vec) {
+  Chunk<T> c;
+  if (vec) {
+    if constexpr (sizeof(T) == 1) {
+      *reinterpret_cast<uint2*>(c.e) = *reinterpret_cast<const uint2*>(src);
+    } else if constexpr (sizeof(T) == 2) {
+      *reinterpret_cast<uint4*>(c.e) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      reinterpret_cast<uint4*>(c.e)[0] = reinterpret_cast<const uint4*>(src)[0];
+      reinterpret_cast<uint4*>(c.e)[1] = reinterpret_cast<const uint4*>(src)[1];
+    }
+  }
+  return c;
+}
 
 template <MaskKind kKind>
 __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyArgs a) {
@@ -152,7 +299,6 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = m_block * a.tile_m, k0 = n_block * a.tile_n;
   const T* base = static_cast<const T*>(a.mask) + int64_t(b) * a.sb + int64_t(h) * a.sh;
-  bool any_visible = false, all_full = true;
   // additive masks: a finite entry below `dead_below` (log2 domain) gives P = 0 exactly
   // (mask_classify.h); -inf when no bound holds (bool masks never use it)
   float dead_below = -INFINITY;
@@ -167,60 +313,86 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
     const float limit = -160.f - bound;
     if (limit == limit) dead_below = limit;  // NaN (inf - inf): no bound
   }
+  // Chunk i of the tile: row i / chunks_per_row, keys from (i % chunks_per_row) * 8; thread t
+  // takes chunks t, t + kThreads, ... (step j: chunk t + j * kThreads), one load in flight
+  // per thread (few registers, many warps: the loads of other warps overlap). Its visibility
+  // byte is byte i of the tile's bits, kept in byte j of `bits` until the vote.
   const int chunks_per_row = a.tile_n / kChunk;
   const int chunks = a.tile_m * chunks_per_row;
-  for (int i = threadIdx.x; i < chunks; i += kThreads) {
+  bool any_visible = false, all_full = true, binary = true;
+  uint64_t bits = 0;
+  for (int j = 0, i = threadIdx.x; i < chunks; ++j, i += kThreads) {
     const int r = i / chunks_per_row;
     const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
     if (q >= a.seqlen_q) continue;  // padding rows: P = 0 there whatever the class
     const T* row = base + int64_t(q) * a.sr;
-    T vals[kChunk];
     const T* src = row + int64_t(kc) * a.sc;
     const bool vec = a.sc == 1 && kc + kChunk <= a.seqlen_k &&
                      reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
-    if (vec) {
-      if constexpr (sizeof(T) == 1) {
-        *reinterpret_cast<uint2*>(vals) = *reinterpret_cast<const uint2*>(src);
-      } else if constexpr (sizeof(T) == 2) {
-        *reinterpret_cast<uint4*>(vals) = *reinterpret_cast<const uint4*>(src);
-      } else {
-        reinterpret_cast<uint4*>(vals)[0] = reinterpret_cast<const uint4*>(src)[0];
-        reinterpret_cast<uint4*>(vals)[1] = reinterpret_cast<const uint4*>(src)[1];
-      }
-    }
+    const Chunk<T> loaded = load_chunk(src, vec);
+    uint32_t byte = 0;
 #pragma unroll
     for (int c = 0; c < kChunk; ++c) {
       const int k = kc + c;
       bool visible = false, zero = true;
       if (k < a.seqlen_k && !(a.is_causal && k > q)) {
-        const T x = vec ? vals[c] : row[int64_t(k) * a.sc];
+        const T x = vec ? loaded.e[c] : row[int64_t(k) * a.sc];
         if constexpr (kKind == MaskKind::kBool) {
           visible = x != 0;
         } else {
-          float f;
-          if constexpr (kKind == MaskKind::kFloat16) {
-            f = __half2float(x);
-          } else if constexpr (kKind == MaskKind::kBFloat16) {
-            f = __bfloat162float(x);
-          } else {
-            f = x;
-          }
+          const float f = to_float(x);
           // (the main kernel adds f * log2(e), rounded the same way)
-          visible = f != -INFINITY && !(f * 1.4426950408889634f < dead_below);
+          visible = f != -INFINITY && !(f * kLog2e < dead_below);
           zero = f == 0.f;
         }
       }
       any_visible |= visible;
       all_full &= visible && zero;
+      binary &= !visible || zero;  // hidden, or visible with nothing added
+      byte |= uint32_t(visible) << c;
     }
+    bits |= uint64_t(byte) << (8 * j);
   }
   any_visible = __syncthreads_or(any_visible) && !no_live_row;
   all_full = __syncthreads_and(all_full);
-  if (threadIdx.x == 0) {
-    const int64_t idx = ((int64_t(b) * a.mask_heads + h) * a.num_n_blocks + n_block) *
-                            a.num_m_blocks + m_block;
-    a.tile_class[idx] = !any_visible ? kTileEmpty : (all_full ? kTileFull : kTilePartial);
+  binary = kKind == MaskKind::kBool || __syncthreads_and(binary);
+  const unsigned char cls = !any_visible ? kTileEmpty
+                            : all_full   ? kTileFull
+                            : binary     ? kTilePartialBits
+                                         : kTilePartial;
+  const int64_t idx = ((int64_t(b) * a.mask_heads + h) * a.num_n_blocks + n_block) * a.num_m_blocks + m_block;
+  if (cls == kTilePartialBits) {
+    unsigned char* out = reinterpret_cast<unsigned char*>(a.tile_bits) + idx * chunks;
+#pragma unroll
+    for (int j = 0; j < kMaxSteps; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      if (i < chunks) out[i] = static_cast<unsigned char>(bits >> (8 * j));
+    }
   }
+  if (threadIdx.x == 0) a.tile_class[idx] = cls;
+}
+
+// One warp per (mask instance, n-block) row of tile classes: the m-blocks [lo, hi) from the
+// first to past the last non-empty tile, {0, 0} when none (BwdParams::tile_m_range).
+constexpr int kRangeWarps = 4;
+
+__global__ void __launch_bounds__(kRangeWarps * 32)
+    tile_range_kernel(const unsigned char* tile_class, int2* tile_m_range, int64_t rows,
+                      int num_m_blocks) {
+  const int64_t row = int64_t(blockIdx.x) * kRangeWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const unsigned char* cls = tile_class + row * num_m_blocks;
+  int lo = num_m_blocks, hi = 0;
+  for (int m0 = 0; m0 < num_m_blocks; m0 += 32) {
+    const int m = m0 + lane;
+    const unsigned live = __ballot_sync(0xffffffffu, m < num_m_blocks && cls[m] != kTileEmpty);
+    if (live != 0u) {
+      lo = min(lo, m0 + __ffs(int(live)) - 1);
+      hi = m0 + 32 - __clz(int(live));
+    }
+  }
+  if (lane == 0) tile_m_range[row] = lo < hi ? make_int2(lo, hi) : make_int2(0, 0);
 }
 
 }  // namespace
@@ -241,8 +413,13 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
   a.mask_heads = p.mask_heads;
   a.is_causal = p.is_causal;
   a.tile_class = p.tile_class;
+  a.tile_bits = p.tile_bits;
   if (p.mask_kind != MaskKind::kBool && p.q_norm_max != nullptr && p.lse_min != nullptr &&
-      p.k_norm_max != nullptr) {
+      p.k_norm_max != nullptr && p.bounds_partial != nullptr &&
+      // the reduce writes the three arrays as one (make_params lays them out so); else no
+      // bounds: finite biases stay partial tiles (correct, only slower)
+      p.lse_min == p.q_norm_max + int64_t(p.num_m_blocks) * p.mask_heads * p.mask_batch &&
+      p.k_norm_max == p.lse_min + int64_t(p.num_m_blocks) * p.mask_heads * p.mask_batch) {
     BoundsArgs ba{};
     ba.q = p.q;
     ba.q_sb = p.q_batch_stride;
@@ -266,17 +443,24 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
     ba.num_n_blocks = p.num_n_blocks;
     ba.mask_batch = p.mask_batch;
     ba.mask_heads = p.mask_heads;
-    ba.q_norm_max = p.q_norm_max;
-    ba.lse_min = p.lse_min;
-    ba.k_norm_max = p.k_norm_max;
-    const dim3 bgrid(unsigned(p.num_m_blocks + p.num_n_blocks), unsigned(p.mask_heads),
+    ba.partial = p.bounds_partial;
+    // enough CTAs for about four per multiprocessor
+    const int64_t blocks = int64_t(p.num_m_blocks + p.num_n_blocks) * p.mask_heads * p.mask_batch;
+    const int64_t want = (4 * int64_t(p.num_sms > 0 ? p.num_sms : 132) + blocks - 1) / std::max<int64_t>(blocks, 1);
+    ba.splits = static_cast<int>(std::min<int64_t>(kMaxBoundSplits, std::max<int64_t>(1, want)));
+    const dim3 bgrid(unsigned(p.num_m_blocks + p.num_n_blocks), unsigned(p.mask_heads * ba.splits),
                      unsigned(p.mask_batch));
+    const int count = int(blocks + int64_t(p.num_m_blocks) * p.mask_heads * p.mask_batch);
     if (bgrid.x > 0 && bgrid.y > 0 && bgrid.z > 0) {
       if (p.dtype == DType::kFloat16) {
         block_bounds_kernel<__half><<<bgrid, kThreads, 0, stream>>>(ba);
       } else {
         block_bounds_kernel<__nv_bfloat16><<<bgrid, kThreads, 0, stream>>>(ba);
       }
+      // into q_norm_max, lse_min, k_norm_max (contiguous, in that order: make_params)
+      const int inst_m = p.num_m_blocks * p.mask_heads * p.mask_batch;
+      bounds_reduce_kernel<<<(count + 255) / 256, 256, 0, stream>>>(p.bounds_partial, p.q_norm_max, count,
+                                                                   ba.splits, inst_m, 2 * inst_m);
     }
     a.q_norm_max = p.q_norm_max;
     a.lse_min = p.lse_min;
@@ -300,8 +484,11 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
       mask_classify_kernel<MaskKind::kFloat32><<<grid, kThreads, 0, stream>>>(a);
       break;
     default:
-      break;
+      return;
   }
+  const int64_t rows = int64_t(p.mask_batch) * p.mask_heads * p.num_n_blocks;
+  tile_range_kernel<<<unsigned((rows + kRangeWarps - 1) / kRangeWarps), kRangeWarps * 32, 0, stream>>>(
+      p.tile_class, reinterpret_cast<int2*>(p.tile_m_range), rows, p.num_m_blocks);
 }
 
 }  // namespace sm90_sdpa

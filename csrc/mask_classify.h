@@ -21,13 +21,19 @@ namespace sm90_sdpa {
 //                 the bound fails there and their tiles are computed.
 //   kTileFull     every position with query < Sq is visible (key < Sk, the causal cut and the
 //                 mask all allow it) and, for a bias, adds exactly 0: no mask work at all
+//   kTilePartialBits  neither, but every position is either hidden or visible with a zero bias
+//                 (every such tile of a boolean mask; the 0 / -65504 bias): the tile is also
+//                 written to tile_bits, one bit per position (1 visible), the causal cut, the
+//                 key tail and padding rows (0) folded in; the main kernel reads the bits
 //   kTilePartial  anything else: the main kernel applies the mask, the causal cut and the key
 //                 tail there
+// Then, per instance and n-block, tile_m_range: the m-blocks from its first to past its last
+// non-empty tile (a second, small kernel over tile_class).
 // Each mask element is read once per instance (broadcast dims are not expanded). Reads:
 // batch, heads_q, seqlen_q, seqlen_k, is_causal, mask*, tile_*, num_*_blocks, num_sms; for an
 // additive mask also q, k (their strides), lse_log2 (written by the preprocess, which must
 // run first), scale_log2, and writes q_norm_max, lse_min, k_norm_max (the bounds, computed
-// by a first kernel).
+// by a first kernel in shares into bounds_partial, then folded).
 void run_mask_classify(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace sm90_sdpa

@@ -13,13 +13,13 @@
 #include <cstdint>
 
 #include "bwd_params.h"
+#include "numeric.h"
 #include "prepost.h"
 
 namespace sm90_sdpa {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- small conversion helpers -------------------------------------------------------------
 
@@ -34,8 +34,6 @@ struct Vec2<__nv_bfloat16> {
   using type = __nv_bfloat162;
 };
 
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float2 to_float2(__half2 x) { return __half22float2(x); }
 __device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
 

@@ -315,12 +315,31 @@ WorkspaceLayout workspace_layout(const BwdProblem& p) {
       o += round_up(tiles, 16);
     }
   }
+  w.tile_m_range = o;
+  if (p.mask_kind != 0) {
+    const int bn = tile_block_n(p.head_dim);
+    if (bn > 0) {
+      const int64_t inst = int64_t(mask_instances_batch(p)) * mask_instances_heads(p);
+      o += round_up(8 * inst * ((p.seqlen_k + bn - 1) / bn), 16);
+    }
+  }
+  w.tile_bits = o;
+  if (p.mask_kind != 0) {
+    const int bm = tile_block_m(p.head_dim), bn = tile_block_n(p.head_dim);
+    if (bm > 0 && bn > 0) {  // (bm * bn / 8 bytes per tile: a multiple of 16)
+      const int64_t tiles = int64_t(mask_instances_batch(p)) * mask_instances_heads(p) *
+                            ((p.seqlen_q + bm - 1) / bm) * ((p.seqlen_k + bn - 1) / bn);
+      o += tiles * (bm * bn / 8);
+    }
+  }
   w.score_bounds = o;
   if (p.mask_kind > static_cast<int>(MaskKind::kBool)) {  // additive: fp32 bounds per block
     const int bm = tile_block_m(p.head_dim), bn = tile_block_n(p.head_dim);
     if (bm > 0 && bn > 0) {
       const int64_t inst = int64_t(mask_instances_batch(p)) * mask_instances_heads(p);
-      o += round_up(4 * inst * (2 * ((p.seqlen_q + bm - 1) / bm) + (p.seqlen_k + bn - 1) / bn), 16);
+      // the bounds, then kMaxBoundSplits shares of them (the bounds kernel's scratch)
+      o += round_up(4 * inst * (2 * ((p.seqlen_q + bm - 1) / bm) + (p.seqlen_k + bn - 1) / bn), 16) *
+           (1 + kMaxBoundSplits);
     }
   }
   w.dq_semaphore = o;
@@ -414,6 +433,8 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   n.lse_log2 = at(w.lse_log2);
   if (p.mask_kind != 0 && base != nullptr) {
     n.tile_class = reinterpret_cast<unsigned char*>(base + w.tile_class);
+    n.tile_m_range = reinterpret_cast<int*>(base + w.tile_m_range);
+    n.tile_bits = reinterpret_cast<uint32_t*>(base + w.tile_bits);
   }
   if (p.mask_kind > static_cast<int>(MaskKind::kBool) && base != nullptr && n.num_m_blocks > 0) {
     const int64_t inst = int64_t(n.mask_batch) * n.mask_heads;
@@ -421,6 +442,8 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
     n.q_norm_max = bounds;
     n.lse_min = bounds + inst * n.num_m_blocks;
     n.k_norm_max = bounds + 2 * inst * n.num_m_blocks;
+    const int64_t count = inst * (2 * n.num_m_blocks + n.num_n_blocks);
+    n.bounds_partial = reinterpret_cast<float*>(base + w.score_bounds + round_up(4 * count, 16));
   }
   if (p.deterministic && base != nullptr) {
     n.dq_semaphore = reinterpret_cast<int*>(base + w.dq_semaphore);
@@ -498,6 +521,8 @@ void run_classification(const BwdParams& params, cudaStream_t stream) {
   if (is_empty(params) || params.mask_kind == MaskKind::kNone) return;
   require_ptr(params.mask, "mask", what);
   require_ptr(params.tile_class, "tile_class", what);
+  require_ptr(params.tile_m_range, "tile_m_range", what);
+  require_ptr(params.tile_bits, "tile_bits", what);
   BwdParams p = params;
   prepare_device(p);
   cudaGetLastError();
@@ -532,6 +557,8 @@ void run(const BwdParams& params, cudaStream_t stream) {
   if (p0.mask_kind != MaskKind::kNone) {
     require_ptr(p0.mask, "mask", what);
     require_ptr(p0.tile_class, "tile_class", what);
+    require_ptr(p0.tile_m_range, "tile_m_range", what);
+    require_ptr(p0.tile_bits, "tile_bits", what);
     if (p0.tile_m != tile_block_m(p0.head_dim) || p0.tile_n != tile_block_n(p0.head_dim) ||
         p0.num_m_blocks != (p0.seqlen_q + p0.tile_m - 1) / p0.tile_m ||
         p0.num_n_blocks != (p0.seqlen_k + p0.tile_n - 1) / p0.tile_n ||

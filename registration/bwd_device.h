@@ -88,11 +88,15 @@ bool tma_addressable(const OperandLayout& layout, int elem_bytes, int batch, int
 //   fp32 dq_accum [B, Hq, Sq_rounded, D], dk_accum [B, Hkv, Sk_rounded, D] and dv_accum
 //   [B, Hkv, Sk_rounded, Dv] (GQA only, else size 0; deterministic GQA: Hq heads, one tile per
 //   q head), dpsum and lse_log2 [B, Hq, Sq_rounded]; with a mask, the tile classes (bytes)
-//   [mask_batch, mask_heads, n_blocks, m_blocks] and, additive masks, the fp32 score bounds of
-//   the classification [mask_batch, mask_heads, 2 * m_blocks + n_blocks]; deterministic, the int32 turn semaphores
-//   dq_semaphore [B, Hq, m_blocks] (run() zeroes them).
+//   [mask_batch, mask_heads, n_blocks, m_blocks], the int32 non-empty m-block ranges
+//   [mask_batch, mask_heads, n_blocks, 2], the visibility bits of partial tiles (tile_m * tile_n
+//   / 8 bytes per tile, every tile has room) and, additive masks, the fp32 score bounds of the
+//   classification [mask_batch, mask_heads, 2 * m_blocks + n_blocks]; deterministic, the int32
+//   turn semaphores dq_semaphore [B, Hq, m_blocks] (run() zeroes them).
 struct WorkspaceLayout {
   int64_t dq_accum = 0, dk_accum = 0, dv_accum = 0, dpsum = 0, lse_log2 = 0, tile_class = 0;
+  int64_t tile_m_range = 0;  // masks: the non-empty m-block range per n-block (BwdParams)
+  int64_t tile_bits = 0;     // masks: partial tiles as visibility bits (BwdParams)
   int64_t score_bounds = 0;  // additive masks: q_norm_max, lse_min, k_norm_max (BwdParams)
   int64_t dq_semaphore = 0;
   int64_t bytes = 0;

@@ -269,6 +269,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("dpsum", &dev::WorkspaceLayout::dpsum)
       .def_readonly("lse_log2", &dev::WorkspaceLayout::lse_log2)
       .def_readonly("tile_class", &dev::WorkspaceLayout::tile_class)
+      .def_readonly("tile_m_range", &dev::WorkspaceLayout::tile_m_range)
+      .def_readonly("tile_bits", &dev::WorkspaceLayout::tile_bits)
       .def_readonly("score_bounds", &dev::WorkspaceLayout::score_bounds)
       .def_readonly("dq_semaphore", &dev::WorkspaceLayout::dq_semaphore)
       .def_readonly("bytes", &dev::WorkspaceLayout::bytes)
@@ -330,7 +332,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("mask_batch", &BwdParams::mask_batch)
       .def_readonly("mask_heads", &BwdParams::mask_heads)
       .def_readonly("num_m_blocks", &BwdParams::num_m_blocks)
-      .def_readonly("num_n_blocks", &BwdParams::num_n_blocks);
+      .def_readonly("num_n_blocks", &BwdParams::num_n_blocks)
+      .def_readonly("tile_m", &BwdParams::tile_m)
+      .def_readonly("tile_n", &BwdParams::tile_n);
 
   m.def(
       "preprocess",
@@ -357,7 +361,7 @@ PYBIND11_MODULE(_C, m) {
         dev::run_classification(p, to_stream(stream));
       },
       py::arg("params"), py::arg("stream"),
-      "The mask's tile classes (0 empty, 1 partial, 2 full) into params.tile_class.");
+      "The mask's tile classes (0 empty, 1 partial, 2 full, 3 partial as bits) into params.tile_class.");
   m.def(
       "run",
       [](const BwdParams& p, std::uintptr_t stream) {

@@ -94,14 +94,21 @@ def test_parse_env_values():
         gen.parse_dtypes("fp32")
 
 
-def test_generator_writes_one_file_per_variant(tmp_path):
+def test_generator_writes_two_files_per_variant(tmp_path):
+    """Per variant: the kernel without a mask with run_bwd_main, and the masked kernel."""
     paths = gen.generate(str(tmp_path), head_dims=(128, 64), dtypes=("bf16",), main_kernel=True)
     names = sorted(os.path.basename(p) for p in paths)
-    assert names == ["bwd_main_bf16_hdim128.cu", "bwd_main_bf16_hdim64.cu"]
+    assert names == ["bwd_main_bf16_hdim128.cu", "bwd_main_bf16_hdim128_masked.cu",
+                     "bwd_main_bf16_hdim64.cu", "bwd_main_bf16_hdim64_masked.cu"]
     assert sorted(os.listdir(tmp_path)) == names + ["tile_configs.h", "variants.h"]
     src = (tmp_path / "bwd_main_bf16_hdim64.cu").read_text()
     assert '#include "bwd_main_launch_template.h"' in src
     assert "template void run_bwd_main<DType::kBFloat16, 64>(const BwdParams&, cudaStream_t);" in src
+    assert "\ntemplate void launch_bwd_main<DType::kBFloat16, 64, false>(" in src
+    assert "extern template void launch_bwd_main<DType::kBFloat16, 64, true>(" in src
+    masked = (tmp_path / "bwd_main_bf16_hdim64_masked.cu").read_text()
+    assert "\ntemplate void launch_bwd_main<DType::kBFloat16, 64, true>(" in masked
+    assert "run_bwd_main" not in masked and "false>" not in masked
     hdr = (tmp_path / "variants.h").read_text()
     assert "#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED 1" in hdr
     assert 'X(kBFloat16, "bf16", 1, 64)' in hdr and 'X(kBFloat16, "bf16", 1, 128)' in hdr
@@ -110,15 +117,16 @@ def test_generator_writes_one_file_per_variant(tmp_path):
     for d in gen.TILES:  # every head dim's tile, compiled or not
         assert f"struct DefaultBwdConfig<{d}>" in tiles
 
-    # all defaults: 10 files, fp16 first
+    # all defaults: 20 files, fp16 first
     paths = gen.generate(str(tmp_path))
     assert [os.path.basename(p) for p in paths] == [
-        f"bwd_main_{dt}_hdim{d}.cu" for dt in ("fp16", "bf16") for d in (64, 96, 128, 192, 256)]
+        f"bwd_main_{dt}_hdim{d}{m}.cu" for dt in ("fp16", "bf16") for d in (64, 96, 128, 192, 256)
+        for m in ("", "_masked")]
 
     # a narrower selection removes the files of the variants no longer built
     gen.generate(str(tmp_path), head_dims=(96,), dtypes=("fp16",))
-    assert sorted(os.listdir(tmp_path)) == ["bwd_main_fp16_hdim96.cu", "tile_configs.h",
-                                            "variants.h"]
+    assert sorted(os.listdir(tmp_path)) == ["bwd_main_fp16_hdim96.cu", "bwd_main_fp16_hdim96_masked.cu",
+                                            "tile_configs.h", "variants.h"]
 
 
 def test_generator_without_main_kernel(tmp_path):
@@ -131,10 +139,13 @@ def test_generator_without_main_kernel(tmp_path):
 
 
 def test_generator_leaves_unchanged_files_alone(tmp_path):
-    (p,) = gen.generate(str(tmp_path), head_dims=(64,), dtypes=("bf16",))
-    os.utime(p, (1000, 1000))
+    paths = gen.generate(str(tmp_path), head_dims=(64,), dtypes=("bf16",))
+    assert len(paths) == 2  # the dense and the masked kernel
+    for p in paths:
+        os.utime(p, (1000, 1000))
     gen.generate(str(tmp_path), head_dims=(64,), dtypes=("bf16",))
-    assert os.path.getmtime(p) == 1000  # not rewritten: incremental builds stay incremental
+    for p in paths:  # not rewritten: incremental builds stay incremental
+        assert os.path.getmtime(p) == 1000
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
@@ -278,6 +289,33 @@ def test_workspace_layout_mha_has_no_kv_accumulators():
     assert not w.gqa and w.dk_accum == w.dv_accum == w.dpsum
     assert w.dpsum == 4 * 2 * 4 * sqr * 64 and w.lse_log2 == w.dpsum + 4 * 2 * 4 * sqr
     assert w.bytes == w.lse_log2 + 4 * 2 * 4 * sqr
+
+
+@needs_C
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16])
+def test_masked_workspace_has_tile_classes_ranges_bits_and_bounds(mask_dtype):
+    """A mask adds, in this order: one class byte per tile and mask instance, one (lo, hi) int32
+    pair per n-block and instance (the non-empty m-block range), one bit per entry of every
+    tile (the bits of partial tiles), and for an additive mask the fp32 score bounds (two per
+    m-block, one per n-block), then room for 32 partial copies of them (the bounds kernel's
+    shares)."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    b, hq, sq, sk, d = 2, 4, 130, 300, 128
+    q = torch.randn(b, hq, sq, d, dtype=torch.bfloat16)
+    k = v = torch.randn(b, 2, sk, d, dtype=torch.bfloat16)
+    lse = torch.randn(b, hq, sq)
+    mask = torch.ones(b, 1, sq, sk, dtype=mask_dtype)  # per batch, broadcast over heads
+    w = C.workspace_layout(cb.problem_of(q, q, k, v, q, lse, False, attn_mask=mask))
+    m_blocks, n_blocks = -(-sq // gen.TILES[d].block_m), -(-sk // gen.TILES[d].block_n)
+    inst = b  # mask_batch x mask_heads
+    assert w.tile_m_range == w.tile_class + -(-inst * m_blocks * n_blocks // 16) * 16
+    assert w.tile_bits == w.tile_m_range + -(-8 * inst * n_blocks // 16) * 16
+    tile_bytes = gen.TILES[d].block_m * gen.TILES[d].block_n // 8
+    assert w.score_bounds == w.tile_bits + inst * m_blocks * n_blocks * tile_bytes
+    bounds = 4 * inst * (2 * m_blocks + n_blocks) if mask_dtype != torch.bool else 0
+    assert w.dq_semaphore == w.score_bounds + -(-bounds // 16) * 16 * 33
+    assert w.tile_m_range % 16 == 0 and w.tile_bits % 16 == 0 and w.score_bounds % 16 == 0
 
 
 @needs_C

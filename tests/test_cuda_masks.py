@@ -181,22 +181,34 @@ def test_rows_without_keys_give_zero_gradients():
 
 def test_tile_classes_of_a_causal_mask():
     """The classification kernel: a causal mask's tiles are empty above the diagonal, full
-    below it, partial on it (and in the last, partial key block); is_causal folds in."""
+    below it, partial on it (and in the last, partial key block): as bits (3), a boolean mask
+    hiding or keeping each entry; is_causal folds in. The bits hold exactly the visible
+    entries. A bias with other values than 0 / -inf leaves its partial tiles to the per-element
+    path (1)."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
     need_variant(128, torch.bfloat16)
     sq = sk = 1000  # tiles 64 x 128 at d128: 16 m-blocks, 8 n-blocks
     q = torch.randn(1, 2, sq, 128, device=DEV, dtype=torch.bfloat16)
     k = torch.randn(1, 2, sk, 128, device=DEV, dtype=torch.bfloat16)
-    cls = cb.tile_classes(causal_bool(sq, sk, DEV), q, k)
-    assert cls.shape == (1, 1, 8, 16)
+    cls, bits = cb.tile_classes(causal_bool(sq, sk, DEV), q, k, bits=True)
+    assert cls.shape == (1, 1, 8, 16) and bits.shape == (1, 1, 8, 16, 64, 128)
+    i = torch.arange(16 * 64, device=DEV)[:, None]
+    j = torch.arange(8 * 128, device=DEV)[None, :]
+    keep = (j <= i) & (j < sk) & (i < sq)  # over the padded grid of tiles
     for n in range(8):
         for m in range(16):
             rows, cols = range(64 * m, min(64 * m + 64, sq)), range(128 * n, 128 * n + 128)
             visible = [c <= r for r in rows for c in cols if c < sk]
             has_tail = cols[-1] >= sk
-            want = 0 if not any(visible) else (2 if all(visible) and not has_tail else 1)
+            want = 0 if not any(visible) else (2 if all(visible) and not has_tail else 3)
             assert cls[0, 0, n, m].item() == want, (n, m)
+            if want == 3:
+                tile = keep[64 * m:64 * m + 64, 128 * n:128 * n + 128]
+                assert torch.equal(bits[0, 0, n, m], tile), (n, m)
+    bias = torch.randn(sq, sk, device=DEV).masked_fill(~causal_bool(sq, sk, DEV), float("-inf"))
+    got = cb.tile_classes(bias, q, k, lse=torch.zeros(1, 2, sq, device=DEV))
+    assert torch.equal(got == 0, cls == 0) and ((got == 1) == (cls != 0)).all()
     # a key-padding mask per batch element and head: instances are not expanded
     kp = torch.ones(2, 1, 1, sk, dtype=torch.bool, device=DEV)
     kp[1, ..., 500:] = False
@@ -204,6 +216,66 @@ def test_tile_classes_of_a_causal_mask():
     cls = cb.tile_classes(kp, q2, k.expand(2, 2, sk, 128), is_causal=True)
     assert cls.shape == (2, 1, 8, 16)
     assert (cls[1, 0, 4:] == 0).all()  # keys >= 512 masked for the second sequence
+
+
+@pytest.mark.parametrize("kind", ["causal", "documents", "rows without keys", "all masked"])
+def test_tile_ranges_bound_the_non_empty_tiles(kind):
+    """The classification's second kernel: per n-block, [lo, hi) from the first to past the
+    last non-empty m-block of its class row, (0, 0) when none; the main kernel walks only it."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    need_variant(128, torch.bfloat16)
+    sq, sk = 3000, 2500  # 47 m-blocks (more than a warp's 32), 20 n-blocks at d128
+    q = torch.randn(2, 2, sq, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(2, 2, sk, 128, device=DEV, dtype=torch.bfloat16)
+    i = torch.arange(sq, device=DEV)[:, None]
+    j = torch.arange(sk, device=DEV)[None, :]
+    keep = {"causal": j <= i, "documents": (j <= i) & (i // 700 == j // 700),
+            "rows without keys": (j <= i) & (i >= 1500), "all masked": j < 0}[kind]
+    classes, ranges = cb.tile_classes(keep[None, None].expand(2, 1, sq, sk), q, k, ranges=True)
+    assert ranges.shape == (1, 1, classes.shape[2], 2)
+    for n in range(classes.shape[2]):
+        live = (classes[0, 0, n] != 0).nonzero().flatten().tolist()
+        want = (live[0], live[-1] + 1) if live else (0, 0)
+        assert tuple(ranges[0, 0, n].tolist()) == want, (kind, n)
+
+
+@pytest.mark.parametrize("head_dim,heads,kv_heads", [(64, 4, 2), (128, 2, 2), (256, 4, 1), (96, 2, 1)])
+def test_score_bounds_match_torch(head_dim, heads, kv_heads):
+    """The bounds kernel's per-block values (max ||q|| and min lse_log2 over live rows per
+    m-block, max ||k|| per n-block, per mask instance) against torch, on aligned rows (vector
+    path) and on a misaligned view (scalar path)."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    need_variant(head_dim, torch.bfloat16)
+    sq, sk, b = 333, 517, 2
+    torch.manual_seed(head_dim)
+    from test_build import gen  # the variants' tile sizes
+
+    bm, bn = gen.TILES[head_dim].block_m, gen.TILES[head_dim].block_n
+    log2e = 1.4426950408889634
+    for aligned in (True, False):
+        pad = 0 if aligned else 1  # rows one element off 16 bytes: the scalar path
+        q = torch.randn(b, heads, sq, head_dim + pad, device=DEV, dtype=torch.bfloat16)
+        q = (q * torch.rand(b, heads, sq, 1, device=DEV, dtype=torch.bfloat16) * 3)[..., pad:]
+        k = torch.randn(b, kv_heads, sk, head_dim + pad, device=DEV, dtype=torch.bfloat16)[..., pad:]
+        lse = torch.randn(b, heads, sq, device=DEV)
+        lse[0, 0, 5] = float("-inf")  # a row without keys (lse_log2 +inf): not in the bounds
+        bias = torch.zeros(b, 1, sq, sk, device=DEV, dtype=torch.bfloat16)  # per batch
+        _, (qn, lo, kn) = cb.tile_classes(bias, q, k, lse=lse, scale=head_dim ** -0.5, bounds=True)
+        assert qn.shape == lo.shape == (b, 1, -(-sq // bm)) and kn.shape == (b, 1, -(-sk // bn))
+        for bi in range(b):
+            for m in range(qn.shape[-1]):
+                rows = slice(m * bm, min(m * bm + bm, sq))
+                live = lse[bi, :, rows] != float("-inf")
+                norms = q[bi, :, rows].float().norm(dim=-1)[live]
+                torch.testing.assert_close(qn[bi, 0, m], norms.max(), rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(lo[bi, 0, m], (lse[bi, :, rows][live] * log2e).min(),
+                                           rtol=1e-5, atol=1e-5)
+            for n in range(kn.shape[-1]):
+                keys = slice(n * bn, min(n * bn + bn, sk))
+                torch.testing.assert_close(kn[bi, 0, n], k[bi, :, keys].float().norm(dim=-1).max(),
+                                           rtol=1e-4, atol=1e-4)
 
 
 def test_drop_in_with_a_padding_mask_matches_stock():

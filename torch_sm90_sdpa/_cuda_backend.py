@@ -161,11 +161,18 @@ def run_backward(params, device=None) -> None:
     _run("run", params, device)
 
 
-def tile_classes(attn_mask, q, k, is_causal=False, lse=None, scale=1.0) -> Tensor:
+def tile_classes(attn_mask, q, k, is_causal=False, lse=None, scale=1.0, ranges=False,
+                 bounds=False, bits=False):
     """The mask classification kernel's verdict on this mask for q / k's problem (tests):
-    uint8 [mask_batch, mask_heads, n_blocks, m_blocks], 0 empty, 1 partial, 2 full.
+    uint8 [mask_batch, mask_heads, n_blocks, m_blocks], 0 empty, 1 partial (mask read per
+    element), 2 full, 3 partial as bits (every entry hidden or a zero bias).
     lse [B, Hq, Sq] (default zeros) and scale enter the score bounds of additive masks (the
-    preprocess runs first, as in the backward)."""
+    preprocess runs first, as in the backward). ranges=True: also the int32
+    [mask_batch, mask_heads, n_blocks, 2] non-empty m-block ranges (BwdParams::tile_m_range).
+    bounds=True (additive masks): also the score bounds (q_norm_max, lse_min, k_norm_max), each
+    [mask_batch, mask_heads, m_blocks or n_blocks] float32. bits=True: also the visibility
+    bits the classification wrote for the class-3 tiles, bool [mask_batch, mask_heads, n_blocks,
+    m_blocks, tile_m, tile_n] (meaningful on class-3 tiles only: the rest is never written)."""
     C = _module()
     v, out = k, q
     lse = torch.zeros(q.shape[:3], device=q.device) if lse is None else lse
@@ -180,8 +187,29 @@ def tile_classes(attn_mask, q, k, is_causal=False, lse=None, scale=1.0) -> Tenso
         C.classify(params, _stream(q.device))
     start = params.tile_class - ws.data_ptr()
     n = params.mask_batch * params.mask_heads * params.num_n_blocks * params.num_m_blocks
-    return ws[start:start + n].view(params.mask_batch, params.mask_heads, params.num_n_blocks,
-                                    params.num_m_blocks).clone()
+    classes = ws[start:start + n].view(params.mask_batch, params.mask_heads, params.num_n_blocks,
+                                       params.num_m_blocks).clone()
+    out = [classes]
+    layout = C.workspace_layout(problem)
+    inst = (params.mask_batch, params.mask_heads)
+    if ranges:
+        count = 2 * params.mask_batch * params.mask_heads * params.num_n_blocks
+        pairs = ws[layout.tile_m_range:layout.tile_m_range + 4 * count].view(torch.int32)
+        out.append(pairs.view(*inst, params.num_n_blocks, 2).clone())
+    if bounds:
+        nm, nn = params.num_m_blocks, params.num_n_blocks
+        n_inst = params.mask_batch * params.mask_heads
+        f = ws[layout.score_bounds:layout.score_bounds + 4 * n_inst * (2 * nm + nn)].view(torch.float32)
+        out.append((f[:n_inst * nm].view(*inst, nm).clone(),
+                    f[n_inst * nm:2 * n_inst * nm].view(*inst, nm).clone(),
+                    f[2 * n_inst * nm:].view(*inst, nn).clone()))
+    if bits:
+        tm, tn = params.tile_m, params.tile_n
+        raw = ws[layout.tile_bits:layout.tile_bits + n * tm * tn // 8]
+        shifts = torch.arange(8, device=ws.device, dtype=torch.uint8)
+        unpacked = (raw[:, None] >> shifts) & 1  # byte i holds keys 8 (i % (tn / 8)) + 0..7
+        out.append(unpacked.bool().view(*inst, params.num_n_blocks, params.num_m_blocks, tm, tn))
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 def sdpa_backward_python(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,

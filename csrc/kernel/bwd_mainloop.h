@@ -37,10 +37,13 @@ CUTE_DEVICE auto mma_smem_fragment(ThrMma const& thr_mma, SmemTensor const& t) {
   }
 }
 
-template <class Cfg, class Element_>
+// kMasked_: the kernel serves calls with a mask (params.mask_kind set: tile classes, bits and
+// the mask's values); the kernel without one has none of that code.
+template <class Cfg, class Element_, bool kMasked_>
 struct BwdMainloop {
   using Element = Element_;
   using ElementAccum = float;
+  static constexpr bool kMasked = kMasked_;
 
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
@@ -173,6 +176,13 @@ struct BwdMainloop {
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesRowStat = kBlockM * sizeof(ElementAccum);
+  // Mask bits of one tile (row-major, kBlockN bits per query row).
+  static constexpr int kMaskBitWords = kBlockM * kBlockN / 32;
+  static constexpr int kMaskBitVecs = kMaskBitWords / 4;  // 16-byte pieces, one per MMA thread
+  static_assert(kMaskBitVecs <= kNumMmaThreads && kMaskBitWords % 4 == 0);
+  // How an m-block's scores are masked (bwd_step's tag): not at all, per element from the
+  // mask (and the causal cut, the key tail), or from the classification's bits.
+  static constexpr int kMaskNone = 0, kMaskValues = 1, kMaskBits = 2;
 
   // ---------------- shared storage ----------------
   using SmemP_t = std::conditional_t<kMmadKVIsRS, cute::array<Element, 0>,
@@ -186,6 +196,8 @@ struct BwdMainloop {
     SmemP_t smem_p;
     cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutLSE>, 128> smem_lse;
     cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutdPsum>, 128> smem_dpsum;
+    // a kTilePartialBits tile's visibility bits (BwdParams::tile_bits), staged per m-block
+    cute::array_aligned<uint32_t, kMasked ? kMaskBitWords : 0, 16> smem_mask_bits;
   };
   // Kept out of the epilogue union: the last dQ reduce-add may still be reading it.
   struct dQStorage {
@@ -235,6 +247,8 @@ struct BwdMainloop {
     void const* mask;
     int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_col_stride;
     unsigned char const* tile_class;
+    int const* tile_m_range;
+    uint32_t const* tile_bits;
     int mask_batch, mask_heads, num_m_blocks, num_n_blocks;
     int* dq_semaphore;  // deterministic mode: [B, Hq, ceil(Sq / kBlockM)], else null
     bool m_descending;     // deterministic kKeysAscending: m-blocks visited last to first
@@ -280,6 +294,8 @@ struct BwdMainloop {
         p.mask_row_stride,
         p.mask_col_stride,
         p.tile_class,
+        p.tile_m_range,
+        p.tile_bits,
         p.mask_batch,
         p.mask_heads,
         p.num_m_blocks,
@@ -305,13 +321,32 @@ struct BwdMainloop {
     return {m_min, m_max};
   }
 
+  // The m-blocks a CTA walks: m_block_range, with a mask narrowed to the n-block's first..last
+  // non-empty tile (tile_m_range, written by the classification).
+  CUTE_DEVICE static cute::tuple<int, int> walk_range(Params const& params, int n_block, int bidh, int bidb) {
+    auto [m_min, m_max] = m_block_range(params, n_block);
+    if (params.mask_kind != MaskKind::kNone) {
+      int const mb = params.mask_batch == 1 ? 0 : bidb;
+      int const mh = params.mask_heads == 1 ? 0 : bidh;
+      int2 const r = reinterpret_cast<int2 const*>(
+          params.tile_m_range)[(int64_t(mb) * params.mask_heads + mh) * params.num_n_blocks + n_block];
+      m_min = cute::max(m_min, r.x);
+      m_max = cute::min(m_max, r.y);
+    }
+    return {m_min, m_max};
+  }
+
+  // With a mask: the index of this CTA's first tile in tile_class order (its m-block 0).
+  CUTE_DEVICE static int64_t first_tile_index(Params const& params, int n_block, int bidh, int bidb) {
+    int const mb = params.mask_batch == 1 ? 0 : bidb;
+    int const mh = params.mask_heads == 1 ? 0 : bidh;
+    return ((int64_t(mb) * params.mask_heads + mh) * params.num_n_blocks + n_block) * int64_t(params.num_m_blocks);
+  }
+
   // With a mask: this CTA's row of tile classes (one byte per m-block), else null.
   CUTE_DEVICE static unsigned char const* tile_classes(Params const& params, int n_block, int bidh, int bidb) {
     if (params.mask_kind == MaskKind::kNone) { return nullptr; }
-    int const mb = params.mask_batch == 1 ? 0 : bidb;
-    int const mh = params.mask_heads == 1 ? 0 : bidh;
-    return params.tile_class + ((int64_t(mb) * params.mask_heads + mh) * params.num_n_blocks + n_block) *
-                                   int64_t(params.num_m_blocks);
+    return params.tile_class + first_tile_index(params, n_block, bidh, bidb);
   }
 
   // The m-blocks of [m_min, m_max) a CTA visits, skipping tiles that are empty under the mask:
@@ -339,7 +374,7 @@ struct BwdMainloop {
   CUTE_DEVICE void load(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
                         PipelineStateQ& write_q, PipelineStatedO& write_do, SharedStorage& ss, int n_block,
                         int bidh, int bidb) {
-    auto [m_min, m_max] = m_block_range(params, n_block);
+    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
     unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
     int const m_first = first_m_block(params, classes, m_min, m_max);
     if (m_first < 0) { return; }
@@ -443,7 +478,7 @@ struct BwdMainloop {
 
   template <class SharedStorage>
   CUTE_DEVICE void store_dq(Params const& params, SharedStorage& ss, int n_block, int bidh, int bidb) {
-    auto [m_min, m_max] = m_block_range(params, n_block);
+    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
     unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
     int const m_first = first_m_block(params, classes, m_min, m_max);
     if (m_first < 0) { return; }
@@ -455,9 +490,10 @@ struct BwdMainloop {
     Tensor tdQgdQ = tma.partition_D(gdQ);  // (TMA, TMA_M, TMA_N, m, slice)
     bool const leader = cute::elect_one_sync();
     // deterministic mode: this head's row of dQ semaphores, one per m-block
+    int const m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;  // (m_max may be narrowed)
     int* sem = params.dq_semaphore == nullptr
                    ? nullptr
-                   : params.dq_semaphore + (int64_t(bidb) * params.num_heads_q + bidh) * m_max;
+                   : params.dq_semaphore + (int64_t(bidb) * params.num_heads_q + bidh) * m_blocks;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int m = m_first; m >= 0; m = following_m_block(params, classes, m, m_min, m_max)) {
       if (sem != nullptr) {
@@ -492,7 +528,7 @@ struct BwdMainloop {
                        int thread_idx, int n_block, int bidh, int bidb, SharedStorage& ss) {
     clear(tdKrdK);
     clear(tdVrdV);
-    auto [m_min, m_max] = m_block_range(params, n_block);
+    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
     int const m_first = first_m_block(params, tile_classes(params, n_block, bidh, bidb), m_min, m_max);
     if (m_first < 0) { return false; }
 
@@ -565,17 +601,30 @@ struct BwdMainloop {
     };
 
     // P = exp2(S * scale_log2 - lse_log2) in place of S, once S is done (dP may still run).
-    // kMask: the key tail, the causal cut and the mask (only in the iterations that need it:
-    // partial tiles under a mask, else the causal diagonal and the last key block).
+    // kMaskValues: the key tail, the causal cut and the mask element by element (only in the
+    // iterations that need it: kTilePartial tiles under a mask, else the causal diagonal and
+    // the last key block). kMaskBits: P = 0 where the staged bits of a kTilePartialBits tile
+    // are 0 (they fold in the cut and the tail).
     auto softmax_p = [&](auto& tSrS, int m_block, int stage_q, auto mask_tag) {
-      constexpr bool kMask = decltype(mask_tag)::value;
+      constexpr int kMode = decltype(mask_tag)::value;
       warpgroup_wait<1>();
       warpgroup_fence_operand(tSrS);
       auto thr = tiled_mma_SdP.get_thread_slice(launder_int(thread_idx));
       Tensor tLSE = thr.partition_C(sLSEMma)(_, _, _, stage_q);
-      if constexpr (!kMask) {
+      if constexpr (kMode == kMaskNone) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) { tSrS(i) = exp2f(tSrS(i) * scale_log2 - tLSE(i)); }
+      } else if constexpr (kMode == kMaskBits) {
+        Tensor tScS = thr.partition_C(make_identity_tensor(ShapeS{}));
+        uint32_t const* bits = st.smem_mask_bits.data();
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) {
+          auto c = tScS(i);
+          int const q = kSdPSwapAB ? get<1>(c) : get<0>(c);
+          int const k = kSdPSwapAB ? get<0>(c) : get<1>(c);
+          bool const visible = (bits[q * (kBlockN / 32) + k / 32] >> (k % 32)) & 1u;
+          tSrS(i) = visible ? exp2f(tSrS(i) * scale_log2 - tLSE(i)) : 0.f;
+        }
       } else {
         Tensor tScS = thr.partition_C(make_identity_tensor(ShapeS{}));
         int const row0 = m_block * kBlockM;
@@ -713,15 +762,36 @@ struct BwdMainloop {
       named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
     };
 
-    // One m-block.
+    // A kTilePartialBits tile's bits: copied from global to shared memory by cp.async (no
+    // registers held) while the S / dP wgmmas run, waited for before the softmax (the previous
+    // bits step's readers are past its kPdS barrier by then).
+    auto load_mask_bits = [&](int m_block) {
+      int const tid = launder_int(thread_idx);
+      if (tid < kMaskBitVecs) {
+        auto const* src = reinterpret_cast<cute::uint128_t const*>(
+            params.tile_bits + (first_tile_index(params, n_block, bidh, bidb) + m_block) * int64_t(kMaskBitWords));
+        auto* dst = reinterpret_cast<cute::uint128_t*>(st.smem_mask_bits.data());
+        cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(src[tid], dst[tid]);
+      }
+      cute::cp_async_fence();
+    };
+    auto wait_mask_bits = [&] {
+      cute::cp_async_wait<0>();
+      named_sync(kNumMmaThreads, BwdBarrier::kMaskBits);
+    };
+
+    // One m-block; mask_tag: cute::Int<kMaskNone / kMaskValues / kMaskBits>.
     auto bwd_step = [&](int m_block, auto mask_tag) {
+      constexpr int kMode = decltype(mask_tag)::value;
       int const stage_q = read_q.index();
       int const stage_do = read_do.index();
       int const stage_ds = kStagesdS == 1 ? 0 : stage_q;
 
+      if constexpr (kMode == kMaskBits) { load_mask_bits(m_block); }
       Tensor tSrS = partition_fragment_C(tiled_mma_SdP, ShapeS{});    // S, then P
       Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});  // dP, then dS
       gemm_s_dp(tSrS, tdPrdP, stage_q, stage_do);
+      if constexpr (kMode == kMaskBits) { wait_mask_bits(); }
       softmax_p(tSrS, m_block, stage_q, mask_tag);
       softmax_grad(tSrS, tdPrdP, stage_do);
       Tensor rP = make_tensor_like<Element>(tSrS);
@@ -757,17 +827,40 @@ struct BwdMainloop {
     } else if (is_causal) {
       m_mask_end = cute::min(m_max, (n_block_end - 1 + kBlockM - 1) / kBlockM);
     }
-    // the tile classes' row, rebuilt where used (not a 64-bit value live across the loop)
-    auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int m_block = m_first; m_block >= 0;
-         m_block = following_m_block(params, classes(), m_block, m_min, m_max)) {
-      unsigned char const* cls = classes();
-      bool const partial = cls != nullptr ? cls[m_block] == kTilePartial : m_block < m_mask_end;
-      if (partial) {
-        bwd_step(m_block, cute::true_type{});
-      } else {
-        bwd_step(m_block, cute::false_type{});
+    if constexpr (kMasked) {
+      // the tile classes' row, rebuilt where used (not a 64-bit value live across the loop)
+      auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
+      // The next m-block and its class are read before this one's step: their loads run
+      // under its wgmmas instead of stalling the warpgroups between steps.
+      int tile = classes()[m_first];
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int m_block = m_first; m_block >= 0;) {
+        int const next = following_m_block(params, classes(), m_block, m_min, m_max);
+        int const next_tile = next >= 0 ? int(classes()[next]) : int(kTileEmpty);
+        if (tile == kTilePartialBits) {
+          bwd_step(m_block, cute::Int<kMaskBits>{});
+        } else if (tile == kTilePartial) {
+          bwd_step(m_block, cute::Int<kMaskValues>{});
+        } else {
+          bwd_step(m_block, cute::Int<kMaskNone>{});
+        }
+        m_block = next;
+        tile = next_tile;
+      }
+    } else {
+      // (the same loop as a masked kernel's before the split: the dense kernel keeps its
+      // register allocation; compile-time knowledge of no mask here made ptxas spill more)
+      auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int m_block = m_first; m_block >= 0;
+           m_block = following_m_block(params, classes(), m_block, m_min, m_max)) {
+        unsigned char const* cls = classes();
+        bool const partial = cls != nullptr ? cls[m_block] == kTilePartial : m_block < m_mask_end;
+        if (partial) {
+          bwd_step(m_block, cute::Int<kMaskValues>{});
+        } else {
+          bwd_step(m_block, cute::Int<kMaskNone>{});
+        }
       }
     }
     warpgroup_fence_operand(tdKrdK);
