@@ -219,15 +219,23 @@ def main():
 
 
 def write_json(path, bench, rows):
-    """The benchmark's rows with where they were measured (read by tools/speed_table.py)."""
+    """The benchmark's rows with where they were measured (read by tools/speed_table.py). The
+    commit is GIT_COMMIT when set, else git's HEAD, marked "-dirty" when the tree differs from it
+    (a copy of a working tree on the GPU machine may carry other git metadata: pass
+    GIT_COMMIT=$(git rev-parse --short HEAD) with the command there)."""
     import datetime
     import json
     import os
     import subprocess
 
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+                                text=True, cwd=here).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, cwd=here).stdout.strip()
+        if commit and dirty:
+            commit += "-dirty"
     except OSError:
         commit = ""
     meta = dict(bench=bench, command=" ".join(sys.argv), device=torch.cuda.get_device_name(),
