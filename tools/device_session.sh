@@ -7,7 +7,9 @@
 #   tests      the GPU suite (pytest-xdist, 8 workers) through tools/gpu_check.sh
 #   host       benchmarks/host_overhead.py (host cost per op call, and its alternatives)
 #   bench      benchmarks/bench_bwd.py --quick (side-by-side backward TFLOP/s)
-#   masks      benchmarks/bench_masks.py (masked backward against the stock masked kernels)
+#   masks      benchmarks/bench_masks.py --fill cudnn at d64 / d128 / d256 (masked backward against
+#              cuDNN's masked kernel, the speed gate's masked rows): OUTDIR/bench_masks_d*.json
+#              are the files tools/speed_table.py reads (copy them to benchmarks/results/)
 #   det        benchmarks/bench_deterministic.py --quick (deterministic mode against ours and stock)
 #   detpaths   benchmarks/bench_deterministic_paths.py --quick ${DETPATH_ARGS} (public paths under
 #              use_deterministic_algorithms(True))
@@ -18,6 +20,8 @@
 # anyway when the sources' hash differs).
 # TESTS (environment, optional): the pytest arguments of the tests step instead of the whole
 # suite, e.g. TESTS="-n 8 tests/test_cuda_deterministic.py".
+# GIT_COMMIT (environment): the commit of the tree sent, recorded in the benchmarks' --json (the
+# copy's git metadata on the GPU machine may name another commit).
 # Carry .whl (nvidia-cutlass, expecttest). Prints a short summary last.
 set -uo pipefail
 OUT=${1:?usage: $0 OUTDIR [STEPS]}
@@ -53,8 +57,12 @@ if has bench; then
   summary+=("bench_bwd: exit $?")
 fi
 if has masks; then
-  python3 benchmarks/bench_masks.py > "$OUT/bench_masks.txt" 2>&1
-  summary+=("bench_masks: exit $?")
+  for spec in "64 8 1024,2048,4096" "128 4 1024,4096,16384" "256 2 1024,2048,8192"; do
+    read -r d kv seqs <<< "$spec"
+    python3 benchmarks/bench_masks.py --fill cudnn --classes --head-dim "$d" --kv-heads "$kv" \
+      --seqs "$seqs" --json "$OUT/bench_masks_d$d.json" >> "$OUT/bench_masks.txt" 2>&1
+    summary+=("bench_masks d$d: exit $?")
+  done
 fi
 if has det; then
   timeout 400 python3 benchmarks/bench_deterministic.py --quick ${DET_ARGS:-} > "$OUT/bench_deterministic.txt" 2>&1
