@@ -322,11 +322,14 @@ def test_tile_classes_of_a_cudnn_fill_causal_mask():
     q = torch.randn(1, 2, sq, 128, device=DEV, generator=g).to(torch.bfloat16)
     k = torch.randn(1, 2, sk, 128, device=DEV, generator=g).to(torch.bfloat16)
     scale = 128 ** -0.5
-    want = cb.tile_classes(causal_bool(sq, sk, DEV), q, k)
+    want, want_bits = cb.tile_classes(causal_bool(sq, sk, DEV), q, k, bits=True)
     bias = cudnn_fill(causal_bool(sq, sk, DEV), torch.bfloat16)
     _, lse = reference_out_lse(q, k, k, bias, False, scale)
-    got = cb.tile_classes(bias, q, k, lse=lse.float(), scale=scale)
+    got, got_bits = cb.tile_classes(bias, q, k, lse=lse.float(), scale=scale, bits=True)
     assert torch.equal(got, want)
+    # the fill's entries proved dead are 0 bits, exactly as the bool mask's hidden ones
+    bits_tiles = got == 3
+    assert bits_tiles.any() and torch.equal(got_bits[bits_tiles], want_bits[bits_tiles])
     # a row whose every key carries the fill has an lse near the fill: its m-block's tiles
     # cannot be proved empty (test_cudnn_fill_masks_against_fp64 checks their gradients)
     rows = causal_bool(sq, sk, DEV).clone()
