@@ -177,7 +177,8 @@ def tile_classes(attn_mask, q, k, is_causal=False, lse=None, scale=1.0, ranges=F
     v, out = k, q
     lse = torch.zeros(q.shape[:3], device=q.device) if lse is None else lse
     problem = problem_of(q, q, k, v, out, lse, is_causal, attn_mask=attn_mask)
-    ws = torch.empty(C.workspace_layout(problem).bytes, dtype=torch.uint8, device=q.device)
+    layout = C.workspace_layout(problem)
+    ws = torch.empty(layout.bytes, dtype=torch.uint8, device=q.device)
     ptrs = C.BwdPointers(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
                          dout=q.data_ptr(), lse=lse.data_ptr(), mask=attn_mask.data_ptr(),
                          workspace=ws.data_ptr())
@@ -190,7 +191,6 @@ def tile_classes(attn_mask, q, k, is_causal=False, lse=None, scale=1.0, ranges=F
     classes = ws[start:start + n].view(params.mask_batch, params.mask_heads, params.num_n_blocks,
                                        params.num_m_blocks).clone()
     out = [classes]
-    layout = C.workspace_layout(problem)
     inst = (params.mask_batch, params.mask_heads)
     if ranges:
         count = 2 * params.mask_batch * params.mask_heads * params.num_n_blocks

@@ -409,8 +409,9 @@ FASTER_THAN_CUDNN_MIN_SEQLEN = min_seqlen_from_table(speed_table.ROWS, "cudnn", 
 # broadcast over heads, as torch hands them to cuDNN): ours skips the tiles a mask hides (also
 # under torch's finite -65504 fill, by score bounds), cuDNN's masked kernel applies it densely;
 # at commit 906fb27 (partial tiles as bits) 1.59x and more from 1k keys at d64, 1.66x at d128,
-# 1.83x at d256 -> {64: 1024, 128: 1024, 256: 1024} (before it, d64 was 0.70-0.89x at 1k). The memory-efficient masked backward is slower than cuDNN's (issue 7:
-# 23.0 vs 9.6 ms at d128 s8192), so these thresholds serve its nodes too. A mask that hides
+# 1.83x at d256 -> {64: 1024, 128: 1024, 256: 1024} (before it, d64 was 0.70-0.89x at 1k).
+# The memory-efficient masked backward is slower than cuDNN's (issue 7: 23.0 vs 9.6 ms at
+# d128 s8192), so these thresholds serve its nodes too. A mask that hides
 # nothing costs ours more than cuDNN's dense masked kernel (17.1 vs 9.2 ms in a d128 step when
 # no tile could be skipped), and per-head biases (ALiBi, relative positions) are dense in
 # practice: only masks broadcast over heads are routed.
