@@ -1,7 +1,9 @@
 """Kernel-level breakdown of torch.ops.torch_sm90_sdpa.sdpa_backward calls (GPU machine): the
 device time of every kernel per call, for is_causal and for a causal mask passed as a bias
-(so the cost of the mask path shows kernel by kernel):
-    python benchmarks/profile_bwd.py [--b 2 --h 16 --kv-heads 4 --s 16384 --d 128]
+(so the cost of the mask path shows kernel by kernel), or for no mask and an all-zero bias
+(--mask zeros: every tile full, the masked kernel's cost where it has no mask work):
+    python benchmarks/profile_bwd.py [--b 2 --h 16 --kv-heads 4 --s 16384 --d 128] [--mask zeros]
+--once calls each mode once, unprofiled (for Nsight Compute: tools/device_session.sh ncu).
 """
 import argparse
 import collections
@@ -37,7 +39,10 @@ def main():
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--fill", choices=["inf", "cudnn"], default="cudnn",
                     help="masked bias entries: -inf, or -65504 as torch hands cuDNN a bool mask")
+    ap.add_argument("--mask", choices=["causal", "zeros"], default="causal",
+                    help="causal: is_causal vs a causal bias; zeros: no mask vs an all-zero bias")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--once", action="store_true", help="one call per mode, no profiler (for ncu)")
     args = ap.parse_args()
     b, h, s, d = args.b, args.h, args.s, args.d
     hkv = args.kv_heads or h
@@ -46,16 +51,26 @@ def main():
     k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
     i = torch.arange(s, device="cuda")
     fill = float("-inf") if args.fill == "inf" else -65504.0
-    bias = torch.zeros(s, s, device="cuda", dtype=torch.bfloat16).masked_fill(i[None, :] > i[:, None], fill)
+    causal = args.mask == "causal"
+    bias = torch.zeros(s, s, device="cuda", dtype=torch.bfloat16)
+    if causal:
+        bias = bias.masked_fill(i[None, :] > i[:, None], fill)
     bias = bias[None, None].expand(b, 1, s, s)  # [B, 1, S, S], as transformers passes it
-    o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, True, scale, hkv != h)
+    o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, hkv != h)
 
+    ops = torch.ops.torch_sm90_sdpa
     modes = {
-        "is_causal": lambda: torch.ops.torch_sm90_sdpa.sdpa_backward(do, q, k, v, o, lse, True, scale, False),
-        "causal bias": lambda: torch.ops.torch_sm90_sdpa.sdpa_backward(do, q, k, v, o, lse, False, scale, False,
-                                                                      bias),
+        ("is_causal" if causal else "no mask"):
+            lambda: ops.sdpa_backward(do, q, k, v, o, lse, causal, scale, False),
+        ("causal bias" if causal else "zero bias"):
+            lambda: ops.sdpa_backward(do, q, k, v, o, lse, False, scale, False, bias),
     }
-    print(f"{torch.cuda.get_device_name()}, b{b} h{h}/{hkv} s{s} d{d}, bias fill {args.fill}; "
+    if args.once:
+        for fn in modes.values():
+            fn()
+        torch.cuda.synchronize()
+        return
+    print(f"{torch.cuda.get_device_name()}, b{b} h{h}/{hkv} s{s} d{d}, {args.mask} bias, fill {args.fill}; "
           f"device ms per call (mean of {args.reps})")
     for name, fn in modes.items():
         per_kernel = kernel_ms(fn, args.reps)

@@ -14,6 +14,12 @@
 #   detpaths   benchmarks/bench_deterministic_paths.py --quick ${DETPATH_ARGS} (public paths under
 #              use_deterministic_algorithms(True))
 #   sanitize   compute-sanitizer memcheck + racecheck on tools/sanitize_case.py
+#   profile    benchmarks/profile_bwd.py (per-kernel ms: is_causal vs causal bias, no mask vs
+#              zero bias) at ${PROFILE_ARGS:-d128 b2 h16/4 s16k}
+#   ncu        Nsight Compute (--set full) on the main and classification kernels of
+#              profile_bwd.py --once, both mask kinds: OUTDIR/ncu_*.ncu-rep, their details and
+#              per-SASS-instruction source pages as CSV (build with
+#              TORCH_SM90_SDPA_NVCC_FLAGS=-lineinfo to map SASS to source lines)
 # The built extension (gzipped: files come back at most 16 MiB each), its config and the hash
 # of the C++ sources it was built from are copied to OUTDIR/prebuilt: unpack them into
 # torch_sm90_sdpa/ and set PREBUILT=1 to skip the build of a later call (gpu_check.sh builds
@@ -81,10 +87,28 @@ if has sanitize; then
   done
 fi
 
+if has profile; then
+  for m in causal zeros; do
+    python3 benchmarks/profile_bwd.py --mask "$m" ${PROFILE_ARGS:-} >> "$OUT/profile_bwd.txt" 2>&1
+    summary+=("profile_bwd --mask $m: exit $?")
+  done
+fi
+if has ncu; then
+  for m in causal zeros; do
+    timeout 300 ncu --clock-control none --set full --import-source yes \
+      -k 'regex:bwd_main_kernel|mask_classify|block_bounds' -f -o "$OUT/ncu_$m" \
+      python3 benchmarks/profile_bwd.py --once --mask "$m" ${PROFILE_ARGS:-} > "$OUT/ncu_$m.log" 2>&1
+    summary+=("ncu --mask $m: exit $?")
+    ncu --import "$OUT/ncu_$m.ncu-rep" --page details --csv > "$OUT/ncu_${m}_details.csv" 2>&1
+    ncu --import "$OUT/ncu_$m.ncu-rep" --page source --csv --print-source sass \
+      > "$OUT/ncu_${m}_source.csv" 2>&1
+  done
+fi
+
 echo "==== summary ===="
 cat "$OUT/check/summary.txt" 2>/dev/null | sed -n '1,40p'
 printf '%s\n' "${summary[@]}"
-for f in host_overhead.txt bench_bwd.txt bench_masks.txt bench_deterministic.txt bench_deterministic_paths.txt; do
+for f in profile_bwd.txt host_overhead.txt bench_bwd.txt bench_masks.txt bench_deterministic.txt bench_deterministic_paths.txt; do
   [ -f "$OUT/$f" ] && { echo "---- $f"; tail -n 40 "$OUT/$f"; }
 done
 exit 0
