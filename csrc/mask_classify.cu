@@ -1,6 +1,6 @@
 // The tile classification of an attention mask: see mask_classify.h.
 //
-// One CTA per tile and mask instance; its threads walk the tile's rows in chunks of 8 keys (a
+// One warp per tile and mask instance; its lanes walk the tile's rows in chunks of 8 keys (the
 // warp reads consecutive keys, as vectors where the layout allows) and vote. Any layout works (stride 0 on broadcast dims, e.g.
 // [B, 1, 1, Sk] key-padding masks: plain strided loads). A partial tile whose entries are all
 // either hidden or a zero bias (every partial tile of a boolean mask, and the 0 / -65504 bias
@@ -67,8 +67,8 @@ __device__ __forceinline__ float sumsq8(const uint4 v) {
   return s;
 }
 
-// Rows [begin, end) of one block side, row t at row_of(t) (and its lse_log2 at lse_of(t),
-// q side only). Vector path (16-byte aligned rows, D a multiple of 8): a group of L lanes per
+// Rows [begin, end) of one block side, row t at row_of(t) (null: no row) and its lse_log2 at
+// lse_of(t) (q side only). Vector path (16-byte aligned rows, D a multiple of 8): a group of L lanes per
 // row, L the largest power of two <= D / 8 (8 at d64 / d96, 16 at d128 / d192, 32 at d256:
 // at most two vectors per lane and row), so a warp has 32 / L rows, and each lane kUnroll
 // vectors (of 8 / 4 rows) in flight; else a warp per row. (Row indices fit in int: the q or
@@ -89,9 +89,9 @@ __device__ __forceinline__ void vector_rows(int begin, int end, int vecs, int gr
 #pragma unroll
     for (int u = 0; u < kRows; ++u) {  // issue every load first
       const int t = w0 + lane / group + u * stride;
-      const bool live = t < end;  // (not gated on l: the row's loads go out with the lse load)
+      const uint4* row = t < end ? reinterpret_cast<const uint4*>(row_of(t)) : nullptr;
+      const bool live = row != nullptr;  // (not gated on l: the row's loads go out with the lse load)
       l[u] = live ? lse_of(t) : INFINITY;
-      const uint4* row = live ? reinterpret_cast<const uint4*>(row_of(t)) : nullptr;
 #pragma unroll
       for (int x = 0; x < kSlots; ++x) {
         v[u][x] = live && sub + x * group < vecs ? row[sub + x * group] : make_uint4(0, 0, 0, 0);
@@ -121,9 +121,10 @@ __device__ void side_bounds(int begin, int end, int head_dim, bool vec_ok, RowOf
   };
   if (!vec_ok) {
     for (int t = begin + warp; t < end; t += warps) {
+      const T* row = row_of(t);
+      if (row == nullptr) continue;
       const float l = lse_of(t);
       if (l == INFINITY) continue;
-      const T* row = row_of(t);
       float acc = 0.f;
       for (int c = lane; c < head_dim; c += 32) {
         const float x = to_float(row[c]);
@@ -149,6 +150,33 @@ __device__ __forceinline__ bool aligned16(const void* p, int64_t s0, int64_t s1,
          (s2 * elem) % 16 == 0;
 }
 
+// The rows of one block side over the (batch, head) pairs an instance covers: row t is
+// (pair t >> shift, row r = t & (span - 1) of the block), span = the tile size (a power of two),
+// rows r >= rows (the last block's tail) absent; pair -> (b, h) by a multiply (no division
+// in the per-row index math, which dominated this kernel's instructions).
+struct BlockRows {
+  int shift, rows, r0;  // r0: the block's first row
+  int b0, h0, nh;       // pairs: b0 + pair / nh, h0 + pair % nh
+  uint32_t magic;       // floor((2^32 - 1) / nh)
+  __device__ BlockRows(int span, int rows_, int r0_, int b0_, int h0_, int nh_)
+      : shift(0), rows(rows_), r0(r0_), b0(b0_), h0(h0_), nh(nh_), magic(0xFFFFFFFFu / uint32_t(nh_)) {
+    while ((1 << shift) < span) ++shift;
+  }
+  __device__ int count(int pairs) const { return pairs << shift; }
+  // false for an absent row; else its (b, h, row index)
+  __device__ bool at(int t, int& b, int& h, int& r) const {
+    const int pair = t >> shift;
+    r = t & ((1 << shift) - 1);
+    if (r >= rows) return false;
+    int q = int(__umulhi(uint32_t(pair), magic));  // pair / nh or one less
+    if (pair - q * nh >= nh) ++q;
+    b = b0 + q;
+    h = h0 + (pair - q * nh);
+    r += r0;
+    return true;
+  }
+};
+
 // One CTA per (block, split x mask head instance, mask batch instance): blockIdx.x <
 // num_m_blocks is a query block (max ||q_i|| and min lse_log2 over its live rows, lse_log2 <
 // +inf, of every (batch, q head) the instance covers), the rest key blocks (max ||k_j||, keys
@@ -172,24 +200,17 @@ __global__ void __launch_bounds__(kThreads, 3) block_bounds_kernel(const BoundsA
     const int m = blockIdx.x;
     const int h0 = a.mask_heads == 1 ? 0 : mh, h1 = a.mask_heads == 1 ? a.heads_q : mh + 1;
     const int r0 = m * a.tile_m, r1 = min(r0 + a.tile_m, a.seqlen_q);
-    const int per_bh = r1 > r0 ? r1 - r0 : 0;
+    const BlockRows space(a.tile_m, r1 > r0 ? r1 - r0 : 0, r0, b0, h0, h1 - h0);
     int begin, end;
-    share((b1 - b0) * (h1 - h0) * per_bh, begin, end);
-    // row t: (b, h, r) with r fastest
-    auto bhr = [&](int t, int& b, int& h) {
-      const int bh = t / per_bh;
-      h = h0 + bh % (h1 - h0);
-      b = b0 + bh / (h1 - h0);
-      return r0 + (t - bh * per_bh);
-    };
-    auto row_of = [&](int t) {
-      int b, h;
-      const int r = bhr(t, b, h);
+    share(space.count((b1 - b0) * (h1 - h0)), begin, end);
+    auto row_of = [&](int t) -> const T* {
+      int b, h, r;
+      if (!space.at(t, b, h, r)) return nullptr;
       return static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + r * a.q_sr;
     };
-    auto lse_of = [&](int t) {
-      int b, h;
-      const int r = bhr(t, b, h);
+    auto lse_of = [&](int t) {  // (called for present rows only)
+      int b, h, r;
+      space.at(t, b, h, r);
       return a.lse_log2[(int64_t(b) * a.heads_q + h) * a.seqlen_q_rounded + r];
     };
     side_bounds<T>(begin, end, a.head_dim, vec_dim && aligned16(a.q, a.q_sb, a.q_sh, a.q_sr, sizeof(T)),
@@ -200,13 +221,12 @@ __global__ void __launch_bounds__(kThreads, 3) block_bounds_kernel(const BoundsA
     const int h0 = a.mask_heads == 1 ? 0 : mh / group;
     const int h1 = a.mask_heads == 1 ? a.heads_kv : mh / group + 1;
     const int r0 = n * a.tile_n, r1 = min(r0 + a.tile_n, a.seqlen_k);
-    const int per_bh = r1 > r0 ? r1 - r0 : 0;
+    const BlockRows space(a.tile_n, r1 > r0 ? r1 - r0 : 0, r0, b0, h0, h1 - h0);
     int begin, end;
-    share((b1 - b0) * (h1 - h0) * per_bh, begin, end);
-    auto row_of = [&](int t) {
-      const int bh = t / per_bh;
-      const int h = h0 + bh % (h1 - h0), b = b0 + bh / (h1 - h0);
-      const int r = r0 + (t - bh * per_bh);
+    share(space.count((b1 - b0) * (h1 - h0)), begin, end);
+    auto row_of = [&](int t) -> const T* {
+      int b, h, r;
+      if (!space.at(t, b, h, r)) return nullptr;
       return static_cast<const T*>(a.k) + b * a.k_sb + h * a.k_sh + r * a.k_sr;
     };
     auto no_lse = [](int) { return -INFINITY; };  // keys: every row counts
@@ -266,8 +286,6 @@ template <> struct MaskElem<MaskKind::kFloat32> { using type = float; };
 // Keys per thread and step: 8 consecutive keys, read as one vector where the mask's key stride
 // is 1 and the address allows it (8 bytes for bool, 16 for fp16 / bf16, 32 for fp32).
 constexpr int kChunk = 8;
-// Chunks per thread: a tile holds at most 128 x 128 keys = 2048 chunks of 8, 8 per thread.
-constexpr int kMaxSteps = 8;
 
 // A chunk's 8 mask elements, loaded as one vector where `vec`.
 template <typename T>
@@ -290,10 +308,72 @@ __device__ __forceinline__ Chunk<T> load_chunk(const T* src, bool vec) {
   return c;
 }
 
+// The bits of an additive mask element type, in an order-preserving integer key (so the
+// values between two elements are a range of keys).
+template <typename T>
+struct ElemBits;
+template <>
+struct ElemBits<__half> {
+  using U = uint16_t;
+  static constexpr U kSign = 0x8000, kInf = 0x7C00;
+  static __device__ float value(U u) { return __half2float(__ushort_as_half(u)); }
+  static __device__ U round_down(float f) { return __half_as_ushort(__float2half_rd(f)); }
+};
+template <>
+struct ElemBits<__nv_bfloat16> {
+  using U = uint16_t;
+  static constexpr U kSign = 0x8000, kInf = 0x7F80;
+  static __device__ float value(U u) { return __bfloat162float(__ushort_as_bfloat16(u)); }
+  static __device__ U round_down(float f) { return __bfloat16_as_ushort(__float2bfloat16_rd(f)); }
+};
+template <>
+struct ElemBits<float> {
+  using U = uint32_t;
+  static constexpr U kSign = 0x80000000u, kInf = 0x7F800000u;
+  static __device__ float value(U u) { return __uint_as_float(u); }
+  static __device__ U round_down(float f) { return __float_as_uint(f); }
+};
+
+// The largest value t of T such that an element x is hidden iff float(x) <= t (NaN never is):
+// hidden are -inf and the values whose P is exactly 0 in the main kernel, x * log2(e) <
+// dead_below as the main kernel rounds it. That product is monotone in x, so the hidden values
+// are a prefix of T's values: the search starts at dead_below / log2(e) rounded down and
+// steps one value at a time to the boundary (a step or two from the start).
+template <typename T>
+__device__ float hidden_at_or_below(float dead_below) {
+  if (!(dead_below > -INFINITY)) return -INFINITY;  // no bound: -inf alone is hidden
+  using B = ElemBits<T>;
+  using U = typename B::U;
+  auto key = [](U u) { return (u & B::kSign) ? U(~u) : U(u | B::kSign); };
+  auto unkey = [](U k) { return (k & B::kSign) ? U(k & U(~B::kSign)) : U(~k); };
+  auto dead = [&](U k) { return B::value(unkey(k)) * kLog2e < dead_below; };
+  const U lo = key(U(B::kSign | B::kInf)), hi = key(B::kInf);  // -inf, +inf
+  const float start = dead_below / kLog2e;
+  U k = start != start ? hi : key(B::round_down(start));
+  k = k < lo ? lo : (k > hi ? hi : k);
+  while (k < hi && dead(U(k + 1))) ++k;
+  while (k > lo && !dead(k)) --k;  // dead(lo): -inf * log2(e) < dead_below
+  return B::value(unkey(k));
+}
+
+// Tiles per CTA of the classify kernel: one warp per tile, so the vote is a warp vote (no
+// CTA-wide barrier) and the CTA's eight tiles' loads overlap.
+constexpr int kClassifyWarps = 8;
+// Chunks per tile at most: 128 x 128 keys / 8.
+constexpr int kMaxChunks = 2048;
+
+// One warp per (tile, mask instance). Lane l takes chunks l, l + 32, ... (a warp reads 32
+// consecutive chunks: whole rows of the tile), kInFlight loads in flight per lane (64 bytes:
+// 4 chunks: 32 bytes of bool, 64 of fp16 / bf16; 2 fp32 chunks), and writes each chunk's visibility byte to shared
+// memory; the warp copies the bytes out if the tile is kTilePartialBits.
 template <MaskKind kKind>
-__global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyArgs a) {
+__global__ void __launch_bounds__(kClassifyWarps * 32, 4) mask_classify_kernel(const ClassifyArgs a) {
   using T = typename MaskElem<kKind>::type;
-  const int tile = blockIdx.x;  // n_block * num_m_blocks + m_block
+  constexpr int kInFlight = sizeof(T) == 1 ? 4 : 64 / int(kChunk * sizeof(T));
+  __shared__ __align__(16) unsigned char s_bits[kClassifyWarps][kMaxChunks];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tile = blockIdx.x * kClassifyWarps + warp;  // n_block * num_m_blocks + m_block
+  if (tile >= a.num_m_blocks * a.num_n_blocks) return;  // (no CTA-wide barrier below)
   const int n_block = tile / a.num_m_blocks;
   const int m_block = tile - n_block * a.num_m_blocks;
   const int h = blockIdx.y, b = blockIdx.z;
@@ -313,63 +393,87 @@ __global__ void __launch_bounds__(kThreads) mask_classify_kernel(const ClassifyA
     const float limit = -160.f - bound;
     if (limit == limit) dead_below = limit;  // NaN (inf - inf): no bound
   }
-  // Chunk i of the tile: row i / chunks_per_row, keys from (i % chunks_per_row) * 8; thread t
-  // takes chunks t, t + kThreads, ... (step j: chunk t + j * kThreads), one load in flight
-  // per thread (few registers, many warps: the loads of other warps overlap). Its visibility
-  // byte is byte i of the tile's bits, kept in byte j of `bits` until the vote.
+  // Chunk i of the tile: row i / chunks_per_row, keys from (i % chunks_per_row) * 8. Its
+  // visibility byte is byte i of the tile's bits.
   const int chunks_per_row = a.tile_n / kChunk;
   const int chunks = a.tile_m * chunks_per_row;
-  bool any_visible = false, all_full = true, binary = true;
-  uint64_t bits = 0;
-  for (int j = 0, i = threadIdx.x; i < chunks; ++j, i += kThreads) {
+  // chunk i's row pointer and first key; false for padding rows (P = 0 whatever the class)
+  auto locate = [&](int i, const T*& row, int& kc) {
     const int r = i / chunks_per_row;
-    const int q = q0 + r, kc = k0 + (i - r * chunks_per_row) * kChunk;
-    if (q >= a.seqlen_q) continue;  // padding rows: P = 0 there whatever the class
-    const T* row = base + int64_t(q) * a.sr;
-    const T* src = row + int64_t(kc) * a.sc;
-    const bool vec = a.sc == 1 && kc + kChunk <= a.seqlen_k &&
-                     reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
-    const Chunk<T> loaded = load_chunk(src, vec);
-    uint32_t byte = 0;
+    kc = k0 + (i - r * chunks_per_row) * kChunk;
+    row = base + int64_t(q0 + r) * a.sr;
+    return i < chunks && q0 + r < a.seqlen_q;
+  };
+  auto vector_ok = [&](const T* src, int kc) {
+    return a.sc == 1 && kc + kChunk <= a.seqlen_k &&
+           reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
+  };
+  // an additive element x is hidden iff float(x) <= hidden_at (-inf or a dead bias)
+  float hidden_at = -INFINITY;
+  if constexpr (kKind != MaskKind::kBool) hidden_at = hidden_at_or_below<T>(dead_below);
+  bool any_visible = false, all_full = true, binary = true;
+  for (int i0 = lane; i0 < chunks; i0 += 32 * kInFlight) {
+    Chunk<T> loaded[kInFlight];
 #pragma unroll
-    for (int c = 0; c < kChunk; ++c) {
-      const int k = kc + c;
-      bool visible = false, zero = true;
-      if (k < a.seqlen_k && !(a.is_causal && k > q)) {
-        const T x = vec ? loaded.e[c] : row[int64_t(k) * a.sc];
+    for (int u = 0; u < kInFlight; ++u) {  // issue every load first
+      const T* row;
+      int kc;
+      const bool live = locate(i0 + 32 * u, row, kc);
+      const T* src = row + int64_t(kc) * a.sc;
+      loaded[u] = load_chunk(src, live && vector_ok(src, kc));
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int i = i0 + 32 * u;
+      const T* row;
+      int kc;
+      if (!locate(i, row, kc)) {
+        if (i < chunks) s_bits[warp][i] = 0;
+        continue;
+      }
+      // the chunk's keys inside the key tail and the causal cut: the first `in_range`
+      const int q = q0 + i / chunks_per_row;
+      int in_range = a.seqlen_k - kc;
+      if (a.is_causal) in_range = min(in_range, q + 1 - kc);
+      const uint32_t range = in_range >= kChunk ? 0xFFu : (in_range > 0 ? (1u << in_range) - 1u : 0u);
+      const bool vec = vector_ok(row + int64_t(kc) * a.sc, kc);
+      uint32_t visible = 0, zero = 0;  // one bit per key of the chunk
+#pragma unroll
+      for (int c = 0; c < kChunk; ++c) {
+        if (!vec && !((range >> c) & 1u)) continue;  // (no load outside the mask's keys)
+        const T x = vec ? loaded[u].e[c] : row[int64_t(kc + c) * a.sc];
         if constexpr (kKind == MaskKind::kBool) {
-          visible = x != 0;
+          visible |= uint32_t(x != 0) << c;
         } else {
           const float f = to_float(x);
-          // (the main kernel adds f * log2(e), rounded the same way)
-          visible = f != -INFINITY && !(f * kLog2e < dead_below);
-          zero = f == 0.f;
+          visible |= uint32_t(!(f <= hidden_at)) << c;
+          zero |= uint32_t(f == 0.f) << c;
         }
       }
-      any_visible |= visible;
-      all_full &= visible && zero;
-      binary &= !visible || zero;  // hidden, or visible with nothing added
-      byte |= uint32_t(visible) << c;
+      visible &= range;
+      if constexpr (kKind == MaskKind::kBool) zero = 0xFFu;
+      any_visible |= visible != 0;
+      all_full &= (visible & zero) == 0xFFu;
+      binary &= (visible & ~zero) == 0;  // hidden, or visible with nothing added
+      s_bits[warp][i] = static_cast<unsigned char>(visible);
     }
-    bits |= uint64_t(byte) << (8 * j);
   }
-  any_visible = __syncthreads_or(any_visible) && !no_live_row;
-  all_full = __syncthreads_and(all_full);
-  binary = kKind == MaskKind::kBool || __syncthreads_and(binary);
+  any_visible = __any_sync(0xffffffffu, any_visible) && !no_live_row;
+  all_full = __all_sync(0xffffffffu, all_full);
+  binary = kKind == MaskKind::kBool || __all_sync(0xffffffffu, binary);
   const unsigned char cls = !any_visible ? kTileEmpty
                             : all_full   ? kTileFull
                             : binary     ? kTilePartialBits
                                          : kTilePartial;
   const int64_t idx = ((int64_t(b) * a.mask_heads + h) * a.num_n_blocks + n_block) * a.num_m_blocks + m_block;
   if (cls == kTilePartialBits) {
-    unsigned char* out = reinterpret_cast<unsigned char*>(a.tile_bits) + idx * chunks;
-#pragma unroll
-    for (int j = 0; j < kMaxSteps; ++j) {
-      const int i = threadIdx.x + j * kThreads;
-      if (i < chunks) out[i] = static_cast<unsigned char>(bits >> (8 * j));
-    }
+    __syncwarp();  // the other lanes' bytes
+    // (chunks is a multiple of 16: tile_m * tile_n / 8 with tile sizes multiples of 64)
+    auto* out = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(a.tile_bits) + idx * chunks);
+    const auto* in = reinterpret_cast<const uint4*>(s_bits[warp]);
+    for (int v = lane; v < chunks / 16; v += 32) out[v] = in[v];
   }
-  if (threadIdx.x == 0) a.tile_class[idx] = cls;
+  if (lane == 0) a.tile_class[idx] = cls;
 }
 
 // One warp per (mask instance, n-block) row of tile classes: the m-blocks [lo, hi) from the
@@ -416,6 +520,8 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
   a.tile_bits = p.tile_bits;
   if (p.mask_kind != MaskKind::kBool && p.q_norm_max != nullptr && p.lse_min != nullptr &&
       p.k_norm_max != nullptr && p.bounds_partial != nullptr &&
+      // BlockRows: the tile sizes are powers of two (every configuration's are)
+      (p.tile_m & (p.tile_m - 1)) == 0 && (p.tile_n & (p.tile_n - 1)) == 0 &&
       // the reduce writes the three arrays as one (make_params lays them out so); else no
       // bounds: finite biases stay partial tiles (correct, only slower)
       p.lse_min == p.q_norm_max + int64_t(p.num_m_blocks) * p.mask_heads * p.mask_batch &&
@@ -467,21 +573,23 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
     a.k_norm_max = p.k_norm_max;
     a.scale_log2_abs = fabsf(p.scale_log2);
   }
-  const dim3 grid(unsigned(p.num_m_blocks * p.num_n_blocks), unsigned(p.mask_heads),
+  const int64_t tiles = int64_t(p.num_m_blocks) * p.num_n_blocks;
+  const dim3 grid(unsigned((tiles + kClassifyWarps - 1) / kClassifyWarps), unsigned(p.mask_heads),
                   unsigned(p.mask_batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  constexpr int kClassifyThreads = kClassifyWarps * 32;
   switch (p.mask_kind) {
     case MaskKind::kBool:
-      mask_classify_kernel<MaskKind::kBool><<<grid, kThreads, 0, stream>>>(a);
+      mask_classify_kernel<MaskKind::kBool><<<grid, kClassifyThreads, 0, stream>>>(a);
       break;
     case MaskKind::kFloat16:
-      mask_classify_kernel<MaskKind::kFloat16><<<grid, kThreads, 0, stream>>>(a);
+      mask_classify_kernel<MaskKind::kFloat16><<<grid, kClassifyThreads, 0, stream>>>(a);
       break;
     case MaskKind::kBFloat16:
-      mask_classify_kernel<MaskKind::kBFloat16><<<grid, kThreads, 0, stream>>>(a);
+      mask_classify_kernel<MaskKind::kBFloat16><<<grid, kClassifyThreads, 0, stream>>>(a);
       break;
     case MaskKind::kFloat32:
-      mask_classify_kernel<MaskKind::kFloat32><<<grid, kThreads, 0, stream>>>(a);
+      mask_classify_kernel<MaskKind::kFloat32><<<grid, kClassifyThreads, 0, stream>>>(a);
       break;
     default:
       return;

@@ -339,3 +339,41 @@ def test_tile_classes_of_a_cudnn_fill_causal_mask():
     got = cb.tile_classes(bias, q, k, lse=lse.float(), scale=scale)
     assert (got[0, 0, :, 1] != 0).all()  # m-block 1 holds row 70
     assert torch.equal(got[..., 2:], want[..., 2:])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_classification_hides_exactly_the_dead_bias_values(dtype):
+    """The classification's rule for a finite bias entry x: hidden iff x * log2(e) (fp32, as the
+    main kernel adds it) is below the tile's dead_below, whatever the dtype. With q = 0 and
+    lse = 0 the score bound is exactly 1 (dead_below = -161): each tile carries the one value
+    of `dtype` under test at a seventh of its entries, zeros elsewhere, the 128 consecutive
+    values of the dtype around the boundary over the 128 tiles. A hidden value makes its tile
+    bits (3) with 0 bits exactly there; a visible one, a per-element partial tile (1)."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    need_variant(128, torch.bfloat16)
+    sq = sk = 1024  # tiles 64 x 128 at d128: 16 m-blocks x 8 n-blocks
+    q = torch.zeros(1, 1, sq, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(1, 1, sk, 128, device=DEV, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 1, sq, device=DEV)
+    log2e = torch.tensor(1.4426950408889634, dtype=torch.float32)
+    boundary = torch.tensor(-161.0, dtype=torch.float32) / log2e
+    int_t = torch.int32 if dtype == torch.float32 else torch.int16
+    raw = boundary.to(dtype).view(int_t).to(torch.int64) + torch.arange(-64, 64)  # (negative values)
+    values = raw.to(int_t).view(dtype)
+    hidden = values.float() * log2e < -161.0
+    assert hidden.any() and not hidden.all()
+    r = torch.arange(64)[:, None]
+    c = torch.arange(128)[None, :]
+    spots = (r + c) % 7 == 0  # where a tile holds its value
+    bias = torch.zeros(sq, sk, dtype=dtype)
+    for t in range(128):
+        n, m = divmod(t, 16)
+        bias[64 * m:64 * m + 64, 128 * n:128 * n + 128][spots] = values[t]
+    cls, bits = cb.tile_classes(bias.to(DEV), q, k, lse=lse, scale=128 ** -0.5, bits=True)
+    for t in range(128):
+        n, m = divmod(t, 16)
+        want = 3 if hidden[t] else 1
+        assert cls[0, 0, n, m].item() == want, (t, values[t].item())
+        if want == 3:
+            assert torch.equal(bits[0, 0, n, m].cpu(), ~spots), t

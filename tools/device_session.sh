@@ -17,7 +17,7 @@
 #   profile    benchmarks/profile_bwd.py (per-kernel ms: is_causal vs causal bias, no mask vs
 #              zero bias) at ${PROFILE_ARGS:-d128 b2 h16/4 s16k}
 #   ncu        Nsight Compute (--set full) on the main and classification kernels of
-#              profile_bwd.py --once, both mask kinds: OUTDIR/ncu_*.ncu-rep, their details and
+#              profile_bwd.py --once, mask kinds ${NCU_MASKS:-causal zeros}: OUTDIR/ncu_*.ncu-rep, details and
 #              per-SASS-instruction source pages as CSV (build with
 #              TORCH_SM90_SDPA_NVCC_FLAGS=-lineinfo to map SASS to source lines)
 # The built extension (gzipped: files come back at most 16 MiB each), its config and the hash
@@ -94,7 +94,7 @@ if has profile; then
   done
 fi
 if has ncu; then
-  for m in causal zeros; do
+  for m in ${NCU_MASKS:-causal zeros}; do
     timeout 300 ncu --clock-control none --set full --import-source yes \
       -k 'regex:bwd_main_kernel|mask_classify|block_bounds' -f -o "$OUT/ncu_$m" \
       python3 benchmarks/profile_bwd.py --once --mask "$m" ${PROFILE_ARGS:-} > "$OUT/ncu_$m.log" 2>&1

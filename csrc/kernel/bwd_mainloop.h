@@ -176,10 +176,10 @@ struct BwdMainloop {
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesRowStat = kBlockM * sizeof(ElementAccum);
-  // Mask bits of one tile (row-major, kBlockN bits per query row).
+  // Mask bits of one tile (row-major, kBlockN bits per query row), a 1-D bulk copy.
   static constexpr int kMaskBitWords = kBlockM * kBlockN / 32;
-  static constexpr int kMaskBitVecs = kMaskBitWords / 4;  // 16-byte pieces, one per MMA thread
-  static_assert(kMaskBitVecs <= kNumMmaThreads && kMaskBitWords % 4 == 0);
+  static constexpr uint32_t kMaskBitBytes = kMaskBitWords * sizeof(uint32_t);
+  static_assert(kMaskBitBytes % 16 == 0);
   // How an m-block's scores are masked (bwd_step's tag): not at all, per element from the
   // mask (and the causal cut, the key tail), or from the classification's bits.
   static constexpr int kMaskNone = 0, kMaskValues = 1, kMaskBits = 2;
@@ -196,8 +196,10 @@ struct BwdMainloop {
     SmemP_t smem_p;
     cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutLSE>, 128> smem_lse;
     cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutdPsum>, 128> smem_dpsum;
-    // a kTilePartialBits tile's visibility bits (BwdParams::tile_bits), staged per m-block
-    cute::array_aligned<uint32_t, kMasked ? kMaskBitWords : 0, 16> smem_mask_bits;
+    // a kTilePartialBits tile's visibility bits (BwdParams::tile_bits), one per Q stage: the
+    // producer loads them with the m-block's Q (same barrier), so the MMA warps neither copy
+    // nor wait for them (a cp.async in the kernel made ptxas pad every async-proxy fence)
+    cute::array_aligned<uint32_t, kMasked ? kMaskBitWords * kStagesQ : 0, 128> smem_mask_bits;
   };
   // Kept out of the epilogue union: the last dQ reduce-add may still be reading it.
   struct dQStorage {
@@ -421,6 +423,19 @@ struct BwdMainloop {
       auto load_q = [&](int m) {
         pipeline_q.producer_acquire(write_q);
         auto* bar = pipeline_q.producer_get_barrier(write_q);
+        if constexpr (kMasked) {
+          if (classes[m] == kTilePartialBits) {
+            // the stage's expected bytes grow before any of its copies is issued, so its
+            // phase cannot complete without the bits
+            cutlass::arch::ClusterTransactionBarrier::expect_transaction(bar, kMaskBitBytes);
+            Tensor gBits = make_tensor(
+                make_gmem_ptr(params.tile_bits + (first_tile_index(params, n_block, bidh, bidb) + m) * kMaskBitWords),
+                Shape<Int<kMaskBitWords>>{});
+            Tensor sBits = make_tensor(make_smem_ptr(st.smem_mask_bits.data() + write_q.index() * kMaskBitWords),
+                                       Shape<Int<kMaskBitWords>>{});
+            copy(bulk_copy.with(*bar), gBits, sBits);
+          }
+        }
         copy(params.tma_load_Q.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, write_q.index()));
         copy(bulk_copy.with(*bar), gLSE(_, m), sLSE(_, write_q.index()));
         ++write_q;
@@ -616,7 +631,7 @@ struct BwdMainloop {
         for (int i = 0; i < size(tSrS); ++i) { tSrS(i) = exp2f(tSrS(i) * scale_log2 - tLSE(i)); }
       } else if constexpr (kMode == kMaskBits) {
         Tensor tScS = thr.partition_C(make_identity_tensor(ShapeS{}));
-        uint32_t const* bits = st.smem_mask_bits.data();
+        uint32_t const* bits = st.smem_mask_bits.data() + stage_q * kMaskBitWords;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) {
           auto c = tScS(i);
@@ -762,36 +777,15 @@ struct BwdMainloop {
       named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
     };
 
-    // A kTilePartialBits tile's bits: copied from global to shared memory by cp.async (no
-    // registers held) while the S / dP wgmmas run, waited for before the softmax (the previous
-    // bits step's readers are past its kPdS barrier by then).
-    auto load_mask_bits = [&](int m_block) {
-      int const tid = launder_int(thread_idx);
-      if (tid < kMaskBitVecs) {
-        auto const* src = reinterpret_cast<cute::uint128_t const*>(
-            params.tile_bits + (first_tile_index(params, n_block, bidh, bidb) + m_block) * int64_t(kMaskBitWords));
-        auto* dst = reinterpret_cast<cute::uint128_t*>(st.smem_mask_bits.data());
-        cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(src[tid], dst[tid]);
-      }
-      cute::cp_async_fence();
-    };
-    auto wait_mask_bits = [&] {
-      cute::cp_async_wait<0>();
-      named_sync(kNumMmaThreads, BwdBarrier::kMaskBits);
-    };
-
     // One m-block; mask_tag: cute::Int<kMaskNone / kMaskValues / kMaskBits>.
     auto bwd_step = [&](int m_block, auto mask_tag) {
-      constexpr int kMode = decltype(mask_tag)::value;
       int const stage_q = read_q.index();
       int const stage_do = read_do.index();
       int const stage_ds = kStagesdS == 1 ? 0 : stage_q;
 
-      if constexpr (kMode == kMaskBits) { load_mask_bits(m_block); }
       Tensor tSrS = partition_fragment_C(tiled_mma_SdP, ShapeS{});    // S, then P
       Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});  // dP, then dS
       gemm_s_dp(tSrS, tdPrdP, stage_q, stage_do);
-      if constexpr (kMode == kMaskBits) { wait_mask_bits(); }
       softmax_p(tSrS, m_block, stage_q, mask_tag);
       softmax_grad(tSrS, tdPrdP, stage_do);
       Tensor rP = make_tensor_like<Element>(tSrS);
@@ -830,22 +824,17 @@ struct BwdMainloop {
     if constexpr (kMasked) {
       // the tile classes' row, rebuilt where used (not a 64-bit value live across the loop)
       auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
-      // The next m-block and its class are read before this one's step: their loads run
-      // under its wgmmas instead of stalling the warpgroups between steps.
-      int tile = classes()[m_first];
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int m_block = m_first; m_block >= 0;) {
-        int const next = following_m_block(params, classes(), m_block, m_min, m_max);
-        int const next_tile = next >= 0 ? int(classes()[next]) : int(kTileEmpty);
+      for (int m_block = m_first; m_block >= 0;
+           m_block = following_m_block(params, classes(), m_block, m_min, m_max)) {
+        int const tile = classes()[m_block];
         if (tile == kTilePartialBits) {
-          bwd_step(m_block, cute::Int<kMaskBits>{});
+          bwd_step(m_block, cute::Int<kMaskBits>{});  // (its bits came with its Q stage)
         } else if (tile == kTilePartial) {
           bwd_step(m_block, cute::Int<kMaskValues>{});
         } else {
           bwd_step(m_block, cute::Int<kMaskNone>{});
         }
-        m_block = next;
-        tile = next_tile;
       }
     } else {
       // (the same loop as a masked kernel's before the split: the dense kernel keeps its

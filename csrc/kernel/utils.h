@@ -19,7 +19,6 @@ enum class BwdBarrier : uint32_t {
   kdQEmpty = 1,  // MMA threads + dQ-writer warp: the dQ smem slice may be written
   kdQFull = 2,   // MMA threads + dQ-writer warp: the dQ smem slice is ready for TMA
   kEpilogue = 3, // all MMA threads: epilogue smem ordering
-  kMaskBits = 4, // all MMA threads: a partial tile's mask bits staged in smem
 };
 
 CUTE_DEVICE void named_sync(int num_threads, BwdBarrier id) {
