@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "bwd_params.h"
 #include "mask_classify.h"
@@ -67,34 +69,32 @@ __device__ __forceinline__ float sumsq8(const uint4 v) {
   return s;
 }
 
-// Rows [begin, end) of one block side, row t at row_of(t) (null: no row) and its lse_log2 at
-// lse_of(t) (q side only). Vector path (16-byte aligned rows, D a multiple of 8): a group of L lanes per
-// row, L the largest power of two <= D / 8 (8 at d64 / d96, 16 at d128 / d192, 32 at d256:
-// at most two vectors per lane and row), so a warp has 32 / L rows, and each lane kUnroll
-// vectors (of 8 / 4 rows) in flight; else a warp per row. (Row indices fit in int: the q or
-// k rows of one problem.)
-constexpr int kUnroll = 8;
+// Rows [begin, end) of one block side: row_of(t, l) is row t's address (null: no such row)
+// and sets l to its lse_log2 (q side; -inf on the key side). Vector path (16-byte aligned
+// rows, D a multiple of 8): a group of L lanes per row, L the largest power of two <= D / 32
+// (2 at d64 / d96, 4 at d128 / d192, 8 at d256), each lane ceil(D / 8 / L) <= kSlots vectors
+// of it (4, 6 at d96 / d192, at most 8) and 8 / kSlots rows in flight: the per-row work (index math,
+// the lse load, the group's reduction) is shared by 4-6 vectors. Else a warp per row.
+constexpr int kVectorsInFlight = 8;
 
-// The vector path's rows, kSlots (1 or 2) vectors per lane and row (2 at d96 / d192 only).
-template <typename T, int kSlots, class RowOf, class LseOf, class Take>
-__device__ __forceinline__ void vector_rows(int begin, int end, int vecs, int group, RowOf row_of,
-                                            LseOf lse_of, Take take) {
+template <typename T, int kSlots, class RowOf, class Take>
+__device__ __forceinline__ void vector_rows(int begin, int end, int vecs, int group, RowOf row_of, Take take) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
   const int per_warp = 32 / group, sub = lane % group;
   const int stride = warps * per_warp;
-  constexpr int kRows = kUnroll / kSlots;  // rows per lane group in flight (same bytes)
+  constexpr int kRows = kVectorsInFlight / kSlots > 0 ? kVectorsInFlight / kSlots : 1;
   for (int w0 = begin + warp * per_warp; w0 < end; w0 += stride * kRows) {
     uint4 v[kRows][kSlots];
     float l[kRows];
 #pragma unroll
     for (int u = 0; u < kRows; ++u) {  // issue every load first
       const int t = w0 + lane / group + u * stride;
-      const uint4* row = t < end ? reinterpret_cast<const uint4*>(row_of(t)) : nullptr;
-      const bool live = row != nullptr;  // (not gated on l: the row's loads go out with the lse load)
-      l[u] = live ? lse_of(t) : INFINITY;
+      l[u] = INFINITY;  // (no row: skipped by take)
+      const uint4* row = t < end ? reinterpret_cast<const uint4*>(row_of(t, l[u])) : nullptr;
 #pragma unroll
       for (int x = 0; x < kSlots; ++x) {
-        v[u][x] = live && sub + x * group < vecs ? row[sub + x * group] : make_uint4(0, 0, 0, 0);
+        const int vi = sub + x * group;
+        v[u][x] = row != nullptr && vi < vecs ? row[vi] : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
@@ -108,12 +108,12 @@ __device__ __forceinline__ void vector_rows(int begin, int end, int vecs, int gr
   }
 }
 
-template <typename T, class RowOf, class LseOf>
-__device__ void side_bounds(int begin, int end, int head_dim, bool vec_ok, RowOf row_of, LseOf lse_of,
-                            float& norm_max, float& lse_lo) {
+template <typename T, class RowOf>
+__device__ void side_bounds(int begin, int end, int head_dim, bool vec_ok, RowOf row_of, float& norm_max,
+                            float& lse_lo) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
   auto take = [&](float sumsq, float l) {  // l: the row's lse_log2 (q side) or -inf (k side)
-    if (l == INFINITY) return;             // P = 0 on this row whatever the scores
+    if (l == INFINITY) return;             // P = 0 on this row whatever the scores (or no row)
     if (l != l) l = -INFINITY;             // NaN: no bound
     const float n = sqrtf(sumsq);
     norm_max = fmaxf(norm_max, n <= 3.0e38f ? n : INFINITY);  // a NaN must never shrink a bound
@@ -121,10 +121,9 @@ __device__ void side_bounds(int begin, int end, int head_dim, bool vec_ok, RowOf
   };
   if (!vec_ok) {
     for (int t = begin + warp; t < end; t += warps) {
-      const T* row = row_of(t);
-      if (row == nullptr) continue;
-      const float l = lse_of(t);
-      if (l == INFINITY) continue;
+      float l = INFINITY;
+      const T* row = row_of(t, l);
+      if (row == nullptr || l == INFINITY) continue;
       float acc = 0.f;
       for (int c = lane; c < head_dim; c += 32) {
         const float x = to_float(row[c]);
@@ -137,11 +136,15 @@ __device__ void side_bounds(int begin, int end, int head_dim, bool vec_ok, RowOf
   }
   const int vecs = head_dim / 8;
   int group = 32;
-  while (group > vecs) group >>= 1;
-  if (vecs > group) {
-    vector_rows<T, 2>(begin, end, vecs, group, row_of, lse_of, take);
+  while (group > 1 && group * 4 > vecs) group >>= 1;
+  // group * 4 <= vecs < group * 8 (group < 32): at most 8 vectors per lane
+  const int slots = (vecs + group - 1) / group;
+  if (slots > 6) {
+    vector_rows<T, 8>(begin, end, vecs, group, row_of, take);
+  } else if (slots > 4) {
+    vector_rows<T, 6>(begin, end, vecs, group, row_of, take);  // d96, d192
   } else {
-    vector_rows<T, 1>(begin, end, vecs, group, row_of, lse_of, take);
+    vector_rows<T, 4>(begin, end, vecs, group, row_of, take);
   }
 }
 
@@ -203,18 +206,14 @@ __global__ void __launch_bounds__(kThreads, 3) block_bounds_kernel(const BoundsA
     const BlockRows space(a.tile_m, r1 > r0 ? r1 - r0 : 0, r0, b0, h0, h1 - h0);
     int begin, end;
     share(space.count((b1 - b0) * (h1 - h0)), begin, end);
-    auto row_of = [&](int t) -> const T* {
+    auto row_of = [&](int t, float& l) -> const T* {
       int b, h, r;
       if (!space.at(t, b, h, r)) return nullptr;
+      l = a.lse_log2[(int64_t(b) * a.heads_q + h) * a.seqlen_q_rounded + r];
       return static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + r * a.q_sr;
     };
-    auto lse_of = [&](int t) {  // (called for present rows only)
-      int b, h, r;
-      space.at(t, b, h, r);
-      return a.lse_log2[(int64_t(b) * a.heads_q + h) * a.seqlen_q_rounded + r];
-    };
     side_bounds<T>(begin, end, a.head_dim, vec_dim && aligned16(a.q, a.q_sb, a.q_sh, a.q_sr, sizeof(T)),
-                   row_of, lse_of, norm_max, lse_lo);
+                   row_of, norm_max, lse_lo);
   } else {
     const int n = int(blockIdx.x) - a.num_m_blocks;
     const int group = a.heads_q / a.heads_kv;
@@ -224,14 +223,14 @@ __global__ void __launch_bounds__(kThreads, 3) block_bounds_kernel(const BoundsA
     const BlockRows space(a.tile_n, r1 > r0 ? r1 - r0 : 0, r0, b0, h0, h1 - h0);
     int begin, end;
     share(space.count((b1 - b0) * (h1 - h0)), begin, end);
-    auto row_of = [&](int t) -> const T* {
+    auto row_of = [&](int t, float& l) -> const T* {  // keys: every row counts (l = -inf)
       int b, h, r;
       if (!space.at(t, b, h, r)) return nullptr;
+      l = -INFINITY;
       return static_cast<const T*>(a.k) + b * a.k_sb + h * a.k_sh + r * a.k_sr;
     };
-    auto no_lse = [](int) { return -INFINITY; };  // keys: every row counts
     side_bounds<T>(begin, end, a.head_dim, vec_dim && aligned16(a.k, a.k_sb, a.k_sh, a.k_sr, sizeof(T)),
-                   row_of, no_lse, norm_max, lse_lo);
+                   row_of, norm_max, lse_lo);
     lse_lo = INFINITY;  // (unused on the key side)
   }
   for (int off = 16; off > 0; off >>= 1) {  // the vector path's row groups hold their own values
@@ -362,12 +361,12 @@ constexpr int kClassifyWarps = 8;
 // Chunks per tile at most: 128 x 128 keys / 8.
 constexpr int kMaxChunks = 2048;
 
-// One warp per (tile, mask instance). Lane l takes chunks l, l + 32, ... (a warp reads 32
-// consecutive chunks: whole rows of the tile), kInFlight loads in flight per lane (64 bytes:
-// 4 chunks: 32 bytes of bool, 64 of fp16 / bf16; 2 fp32 chunks), and writes each chunk's visibility byte to shared
-// memory; the warp copies the bytes out if the tile is kTilePartialBits.
+// One warp per (tile, mask instance). A pass of the warp reads 32 consecutive chunks (whole
+// rows of the tile), kInFlight passes' loads in flight per lane (4 chunks: 32 bytes of bool,
+// 64 of fp16 / bf16; 2 fp32 chunks: 64 bytes); each chunk's visibility byte goes to shared
+// memory, and the warp copies the bytes out if the tile is kTilePartialBits.
 template <MaskKind kKind>
-__global__ void __launch_bounds__(kClassifyWarps * 32, 4) mask_classify_kernel(const ClassifyArgs a) {
+__global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(const ClassifyArgs a) {
   using T = typename MaskElem<kKind>::type;
   constexpr int kInFlight = sizeof(T) == 1 ? 4 : 64 / int(kChunk * sizeof(T));
   __shared__ __align__(16) unsigned char s_bits[kClassifyWarps][kMaxChunks];
@@ -378,7 +377,7 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 4) mask_classify_kernel(c
   const int m_block = tile - n_block * a.num_m_blocks;
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = m_block * a.tile_m, k0 = n_block * a.tile_n;
-  const T* base = static_cast<const T*>(a.mask) + int64_t(b) * a.sb + int64_t(h) * a.sh;
+  const T* const base = static_cast<const T*>(a.mask) + int64_t(b) * a.sb + int64_t(h) * a.sh;
   // additive masks: a finite entry below `dead_below` (log2 domain) gives P = 0 exactly
   // (mask_classify.h); -inf when no bound holds (bool masks never use it)
   float dead_below = -INFINITY;
@@ -393,71 +392,74 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 4) mask_classify_kernel(c
     const float limit = -160.f - bound;
     if (limit == limit) dead_below = limit;  // NaN (inf - inf): no bound
   }
-  // Chunk i of the tile: row i / chunks_per_row, keys from (i % chunks_per_row) * 8. Its
-  // visibility byte is byte i of the tile's bits.
-  const int chunks_per_row = a.tile_n / kChunk;
-  const int chunks = a.tile_m * chunks_per_row;
-  // chunk i's row pointer and first key; false for padding rows (P = 0 whatever the class)
-  auto locate = [&](int i, const T*& row, int& kc) {
-    const int r = i / chunks_per_row;
-    kc = k0 + (i - r * chunks_per_row) * kChunk;
-    row = base + int64_t(q0 + r) * a.sr;
-    return i < chunks && q0 + r < a.seqlen_q;
-  };
-  auto vector_ok = [&](const T* src, int kc) {
-    return a.sc == 1 && kc + kChunk <= a.seqlen_k &&
-           reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
-  };
+  // Chunk i of the tile: row i / chunks_per_row, keys from (i % chunks_per_row) * 8; its
+  // visibility byte is byte i of the tile's bits. chunks_per_row is a power of two <= 32, so
+  // a lane keeps one key column kc and takes every (32 / chunks_per_row)-th row.
+  int cpr_shift = 0;
+  while ((kChunk << cpr_shift) < a.tile_n) ++cpr_shift;
+  const int col = lane & ((1 << cpr_shift) - 1);
+  const int kc = k0 + col * kChunk;
+  const int rows_step = 32 >> cpr_shift;
+  const T* const col_base = base + int64_t(kc) * a.sc;
+  const bool keys_vec = a.sc == 1 && kc + kChunk <= a.seqlen_k;  // (row alignment: per row)
   // an additive element x is hidden iff float(x) <= hidden_at (-inf or a dead bias)
   float hidden_at = -INFINITY;
   if constexpr (kKind != MaskKind::kBool) hidden_at = hidden_at_or_below<T>(dead_below);
+  // one key's bits: visible, and (additive) adding exactly 0
+  auto judge = [&](T x, int c, uint32_t& visible, uint32_t& zero) {
+    if constexpr (kKind == MaskKind::kBool) {
+      visible |= uint32_t(x != 0) << c;
+    } else {
+      const float f = to_float(x);
+      visible |= uint32_t(!(f <= hidden_at)) << c;
+      zero |= uint32_t(f == 0.f) << c;
+    }
+  };
   bool any_visible = false, all_full = true, binary = true;
-  for (int i0 = lane; i0 < chunks; i0 += 32 * kInFlight) {
+  for (int r0 = lane >> cpr_shift; r0 < a.tile_m; r0 += rows_step * kInFlight) {
     Chunk<T> loaded[kInFlight];
+    uint32_t vec = 0;  // bit u: chunk u was loaded as a vector
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {  // issue every load first
-      const T* row;
-      int kc;
-      const bool live = locate(i0 + 32 * u, row, kc);
-      const T* src = row + int64_t(kc) * a.sc;
-      loaded[u] = load_chunk(src, live && vector_ok(src, kc));
+      const int q = q0 + r0 + u * rows_step;
+      const T* src = col_base + int64_t(q) * a.sr;
+      const bool v = keys_vec && r0 + u * rows_step < a.tile_m && q < a.seqlen_q &&
+                     reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
+      loaded[u] = load_chunk(src, v);
+      vec |= uint32_t(v) << u;
     }
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {
-      const int i = i0 + 32 * u;
-      const T* row;
-      int kc;
-      if (!locate(i, row, kc)) {
-        if (i < chunks) s_bits[warp][i] = 0;
+      const int r = r0 + u * rows_step, q = q0 + r;
+      if (r >= a.tile_m) continue;
+      const int i = (r << cpr_shift) + col;
+      if (q >= a.seqlen_q) {  // padding rows: P = 0 there whatever the class
+        s_bits[warp][i] = 0;
         continue;
       }
       // the chunk's keys inside the key tail and the causal cut: the first `in_range`
-      const int q = q0 + i / chunks_per_row;
       int in_range = a.seqlen_k - kc;
       if (a.is_causal) in_range = min(in_range, q + 1 - kc);
       const uint32_t range = in_range >= kChunk ? 0xFFu : (in_range > 0 ? (1u << in_range) - 1u : 0u);
-      const bool vec = vector_ok(row + int64_t(kc) * a.sc, kc);
-      uint32_t visible = 0, zero = 0;  // one bit per key of the chunk
+      uint32_t visible = 0, zero = kKind == MaskKind::kBool ? 0xFFu : 0u;  // one bit per key
+      if ((vec >> u) & 1u) {
 #pragma unroll
-      for (int c = 0; c < kChunk; ++c) {
-        if (!vec && !((range >> c) & 1u)) continue;  // (no load outside the mask's keys)
-        const T x = vec ? loaded[u].e[c] : row[int64_t(kc + c) * a.sc];
-        if constexpr (kKind == MaskKind::kBool) {
-          visible |= uint32_t(x != 0) << c;
-        } else {
-          const float f = to_float(x);
-          visible |= uint32_t(!(f <= hidden_at)) << c;
-          zero |= uint32_t(f == 0.f) << c;
+        for (int c = 0; c < kChunk; ++c) judge(loaded[u].e[c], c, visible, zero);
+      } else {
+        const T* src = col_base + int64_t(q) * a.sr;
+#pragma unroll
+        for (int c = 0; c < kChunk; ++c) {
+          if ((range >> c) & 1u) judge(src[int64_t(c) * a.sc], c, visible, zero);  // (keys < Sk only)
         }
       }
       visible &= range;
-      if constexpr (kKind == MaskKind::kBool) zero = 0xFFu;
       any_visible |= visible != 0;
       all_full &= (visible & zero) == 0xFFu;
       binary &= (visible & ~zero) == 0;  // hidden, or visible with nothing added
       s_bits[warp][i] = static_cast<unsigned char>(visible);
     }
   }
+  const int chunks = a.tile_m << cpr_shift;
   any_visible = __any_sync(0xffffffffu, any_visible) && !no_live_row;
   all_full = __all_sync(0xffffffffu, all_full);
   binary = kKind == MaskKind::kBool || __all_sync(0xffffffffu, binary);
@@ -502,6 +504,12 @@ __global__ void __launch_bounds__(kRangeWarps * 32)
 }  // namespace
 
 void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
+  // the classify kernel's tile: rows of at most 32 chunks (a power of two), kMaxChunks in all
+  if (p.tile_n % kChunk != 0 || p.tile_n > 32 * kChunk || (p.tile_n & (p.tile_n - 1)) != 0 ||
+      int64_t(p.tile_m) * p.tile_n / kChunk > kMaxChunks) {
+    throw std::invalid_argument("run_mask_classify: unsupported tile " + std::to_string(p.tile_m) + " x " +
+                                std::to_string(p.tile_n));
+  }
   ClassifyArgs a{};
   a.mask = p.mask;
   a.sb = p.mask_batch_stride;
