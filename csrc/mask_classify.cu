@@ -347,7 +347,9 @@ __device__ float hidden_at_or_below(float dead_below) {
   auto unkey = [](U k) { return (k & B::kSign) ? U(k & U(~B::kSign)) : U(~k); };
   auto dead = [&](U k) { return B::value(unkey(k)) * kLog2e < dead_below; };
   const U lo = key(U(B::kSign | B::kInf)), hi = key(B::kInf);  // -inf, +inf
-  const float start = dead_below / kLog2e;
+  // (start at most at FLT_MAX / log2(e): above it every product overflows to +inf, and a
+  // start at +inf would step down through millions of fp32 values to the boundary)
+  const float start = fminf(dead_below / kLog2e, 3.4028234663852886e38f / kLog2e);
   U k = start != start ? hi : key(B::round_down(start));
   k = k < lo ? lo : (k > hi ? hi : k);
   while (k < hi && dead(U(k + 1))) ++k;
@@ -404,7 +406,8 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
   const bool keys_vec = a.sc == 1 && kc + kChunk <= a.seqlen_k;  // (row alignment: per row)
   // an additive element x is hidden iff float(x) <= hidden_at (-inf or a dead bias)
   float hidden_at = -INFINITY;
-  if constexpr (kKind != MaskKind::kBool) hidden_at = hidden_at_or_below<T>(dead_below);
+  // (no live row: the tile is empty whatever its entries, no threshold needed)
+  if constexpr (kKind != MaskKind::kBool) hidden_at = no_live_row ? INFINITY : hidden_at_or_below<T>(dead_below);
   // one key's bits: visible, and (additive) adding exactly 0
   auto judge = [&](T x, int c, uint32_t& visible, uint32_t& zero) {
     if constexpr (kKind == MaskKind::kBool) {

@@ -377,3 +377,30 @@ def test_classification_hides_exactly_the_dead_bias_values(dtype):
         assert cls[0, 0, n, m].item() == want, (t, values[t].item())
         if want == 3:
             assert torch.equal(bits[0, 0, n, m].cpu(), ~spots), t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_bias_with_a_block_of_rows_without_keys_classifies_as_the_bool_mask(dtype):
+    """A 0 / -inf bias whose rows 256..329 see no key: m-block 4 (rows 256..319 at d128) has no
+    live row (lse = -inf, so the classification's dead bound is +inf there). Its tiles are
+    empty and every tile is classified as the bool mask's, bits included. (Before the
+    threshold search was clamped, an fp32 bias took millions of steps per warp on such a tile.)"""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    need_variant(128, torch.bfloat16)
+    sq = sk = 512
+    keep = causal_bool(sq, sk, DEV).clone()
+    keep[256:330] = False
+    g = torch.Generator(device=DEV).manual_seed(8)
+    q = torch.randn(1, 2, sq, 128, device=DEV, generator=g).to(torch.bfloat16)
+    k = torch.randn(1, 2, sk, 128, device=DEV, generator=g).to(torch.bfloat16)
+    scale = 128 ** -0.5
+    want, want_bits = cb.tile_classes(keep, q, k, bits=True)
+    bias = as_bias(keep, dtype)
+    _, lse = reference_out_lse(q, k, k, bias, False, scale)
+    assert torch.isinf(lse[..., 256:330]).all()
+    got, got_bits = cb.tile_classes(bias, q, k, lse=lse.float(), scale=scale, bits=True)
+    assert (got[0, 0, :, 4] == 0).all()
+    assert torch.equal(got, want)
+    bits_tiles = got == 3
+    assert torch.equal(got_bits[bits_tiles], want_bits[bits_tiles])
