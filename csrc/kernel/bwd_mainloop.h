@@ -19,6 +19,7 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 
 #include "../bwd_params.h"
+#include "../numeric.h"
 #include "bwd_config.h"
 #include "utils.h"
 
@@ -665,7 +666,7 @@ struct BwdMainloop {
             tSrS(i) = exp2f(tSrS(i) * scale_log2 + add - tLSE(i));
           }
         };
-        constexpr float kLog2e = 1.4426950408889634f;
+        // (kLog2e from numeric.h: the classification's dead-bias rule assumes this very product)
         switch (params.mask_kind) {
           case MaskKind::kBool: {
             auto m = static_cast<uint8_t const*>(params.mask);
