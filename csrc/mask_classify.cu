@@ -35,6 +35,7 @@ struct ClassifyArgs {
   const float* lse_min;     // [mask_batch, mask_heads, num_m_blocks]
   const float* k_norm_max;  // [mask_batch, mask_heads, num_n_blocks]
   float scale_log2_abs;
+  int warps_per_tile;  // classify kernel: 1, 2, 4 or 8 warps share a tile (few tiles: more)
 };
 
 // ---- score bounds (additive masks) ---------------------------------------------------------
@@ -357,26 +358,34 @@ __device__ float hidden_at_or_below(float dead_below) {
   return B::value(unkey(k));
 }
 
-// Tiles per CTA of the classify kernel: one warp per tile, so the vote is a warp vote (no
-// CTA-wide barrier) and the CTA's eight tiles' loads overlap.
+// Warps per CTA of the classify kernel: 8 / warps_per_tile tiles per CTA. One warp per tile
+// when there are many (the vote is a warp vote and the CTA's tiles' loads overlap); up to 8
+// when there are few (a mask broadcast over batch and heads at 2k keys has 256-512 tiles:
+// one warp each would leave most of the GPU idle), which then also vote across warps.
 constexpr int kClassifyWarps = 8;
 // Chunks per tile at most: 128 x 128 keys / 8.
 constexpr int kMaxChunks = 2048;
 
-// One warp per (tile, mask instance). A pass of the warp reads 32 consecutive chunks (whole
-// rows of the tile), kInFlight passes' loads in flight per lane (4 chunks: 32 bytes of bool,
+// warps_per_tile warps per (tile, mask instance), each taking every warps_per_tile-th group
+// of rows. A pass of a warp reads 32 consecutive chunks (whole rows of the tile), kInFlight
+// passes' loads in flight per lane (4 chunks: 32 bytes of bool,
 // 64 of fp16 / bf16; 2 fp32 chunks: 64 bytes); each chunk's visibility byte goes to shared
 // memory, and the warp copies the bytes out if the tile is kTilePartialBits.
 template <MaskKind kKind>
 __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(const ClassifyArgs a) {
   using T = typename MaskElem<kKind>::type;
   constexpr int kInFlight = sizeof(T) == 1 ? 4 : 64 / int(kChunk * sizeof(T));
-  __shared__ __align__(16) unsigned char s_bits[kClassifyWarps][kMaxChunks];
+  __shared__ __align__(16) unsigned char s_bits[kClassifyWarps][kMaxChunks];  // per tile slot
+  __shared__ unsigned char s_votes[kClassifyWarps][3];  // per warp: any visible, all full, binary
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int tile = blockIdx.x * kClassifyWarps + warp;  // n_block * num_m_blocks + m_block
-  if (tile >= a.num_m_blocks * a.num_n_blocks) return;  // (no CTA-wide barrier below)
-  const int n_block = tile / a.num_m_blocks;
-  const int m_block = tile - n_block * a.num_m_blocks;
+  const int wpt = a.warps_per_tile;
+  const int slot = warp / wpt, part = warp % wpt;  // the tile in this CTA, this warp's share
+  const int tile = blockIdx.x * (kClassifyWarps / wpt) + slot;  // n_block * num_m_blocks + m_block
+  // (a CTA-wide barrier follows when warps share tiles: no early return before it)
+  const bool active = tile < a.num_m_blocks * a.num_n_blocks;
+  if (!active && wpt == 1) return;
+  const int n_block = active ? tile / a.num_m_blocks : 0;
+  const int m_block = active ? tile - n_block * a.num_m_blocks : 0;
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = m_block * a.tile_m, k0 = n_block * a.tile_n;
   const T* const base = static_cast<const T*>(a.mask) + int64_t(b) * a.sb + int64_t(h) * a.sh;
@@ -419,25 +428,28 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
     }
   };
   bool any_visible = false, all_full = true, binary = true;
-  for (int r0 = lane >> cpr_shift; r0 < a.tile_m; r0 += rows_step * kInFlight) {
+  // this warp's rows: groups of rows_step rows, every wpt-th group from its part
+  const int group_step = rows_step * wpt;
+  for (int r0 = active ? (lane >> cpr_shift) + part * rows_step : a.tile_m; r0 < a.tile_m;
+       r0 += group_step * kInFlight) {
     Chunk<T> loaded[kInFlight];
     uint32_t vec = 0;  // bit u: chunk u was loaded as a vector
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {  // issue every load first
-      const int q = q0 + r0 + u * rows_step;
+      const int q = q0 + r0 + u * group_step;
       const T* src = col_base + int64_t(q) * a.sr;
-      const bool v = keys_vec && r0 + u * rows_step < a.tile_m && q < a.seqlen_q &&
+      const bool v = keys_vec && r0 + u * group_step < a.tile_m && q < a.seqlen_q &&
                      reinterpret_cast<uintptr_t>(src) % (kChunk * sizeof(T)) == 0;
       loaded[u] = load_chunk(src, v);
       vec |= uint32_t(v) << u;
     }
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {
-      const int r = r0 + u * rows_step, q = q0 + r;
+      const int r = r0 + u * group_step, q = q0 + r;
       if (r >= a.tile_m) continue;
       const int i = (r << cpr_shift) + col;
       if (q >= a.seqlen_q) {  // padding rows: P = 0 there whatever the class
-        s_bits[warp][i] = 0;
+        s_bits[slot][i] = 0;
         continue;
       }
       // the chunk's keys inside the key tail and the causal cut: the first `in_range`
@@ -459,23 +471,39 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
       any_visible |= visible != 0;
       all_full &= (visible & zero) == 0xFFu;
       binary &= (visible & ~zero) == 0;  // hidden, or visible with nothing added
-      s_bits[warp][i] = static_cast<unsigned char>(visible);
+      s_bits[slot][i] = static_cast<unsigned char>(visible);
     }
   }
   const int chunks = a.tile_m << cpr_shift;
-  any_visible = __any_sync(0xffffffffu, any_visible) && !no_live_row;
+  any_visible = __any_sync(0xffffffffu, any_visible);
   all_full = __all_sync(0xffffffffu, all_full);
-  binary = kKind == MaskKind::kBool || __all_sync(0xffffffffu, binary);
+  binary = __all_sync(0xffffffffu, binary);
+  if (wpt > 1) {  // the tile's warps' votes (and bytes) through shared memory
+    if (lane == 0) {
+      s_votes[warp][0] = any_visible;
+      s_votes[warp][1] = all_full;
+      s_votes[warp][2] = binary;
+    }
+    __syncthreads();
+    if (!active || part != 0) return;  // the tile's first warp writes it
+    for (int w = warp + 1; w < warp + wpt; ++w) {
+      any_visible |= s_votes[w][0] != 0;
+      all_full &= s_votes[w][1] != 0;
+      binary &= s_votes[w][2] != 0;
+    }
+  }
+  any_visible = any_visible && !no_live_row;
+  binary = kKind == MaskKind::kBool || binary;
   const unsigned char cls = !any_visible ? kTileEmpty
                             : all_full   ? kTileFull
                             : binary     ? kTilePartialBits
                                          : kTilePartial;
   const int64_t idx = ((int64_t(b) * a.mask_heads + h) * a.num_n_blocks + n_block) * a.num_m_blocks + m_block;
   if (cls == kTilePartialBits) {
-    __syncwarp();  // the other lanes' bytes
+    __syncwarp();  // the other lanes' bytes (the other warps': the barrier above)
     // (chunks is a multiple of 16: tile_m * tile_n / 8 with tile sizes multiples of 64)
     auto* out = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(a.tile_bits) + idx * chunks);
-    const auto* in = reinterpret_cast<const uint4*>(s_bits[warp]);
+    const auto* in = reinterpret_cast<const uint4*>(s_bits[slot]);
     for (int v = lane; v < chunks / 16; v += 32) out[v] = in[v];
   }
   if (lane == 0) a.tile_class[idx] = cls;
@@ -585,7 +613,13 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
     a.scale_log2_abs = fabsf(p.scale_log2);
   }
   const int64_t tiles = int64_t(p.num_m_blocks) * p.num_n_blocks;
-  const dim3 grid(unsigned((tiles + kClassifyWarps - 1) / kClassifyWarps), unsigned(p.mask_heads),
+  // warps per tile: enough warps for about 24 per multiprocessor (3 CTAs of 8)
+  const int64_t want_warps = 24 * int64_t(p.num_sms > 0 ? p.num_sms : 132);
+  const int64_t all_tiles = tiles * p.mask_heads * p.mask_batch;
+  a.warps_per_tile = 1;
+  while (a.warps_per_tile < kClassifyWarps && all_tiles * a.warps_per_tile < want_warps) a.warps_per_tile *= 2;
+  const int64_t tiles_per_cta = kClassifyWarps / a.warps_per_tile;
+  const dim3 grid(unsigned((tiles + tiles_per_cta - 1) / tiles_per_cta), unsigned(p.mask_heads),
                   unsigned(p.mask_batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   constexpr int kClassifyThreads = kClassifyWarps * 32;
