@@ -5,6 +5,7 @@ call is then the host path (the GPU keeps up). Rows:
 
   * the op as users and compiled graphs call it: its CUDA kernel is C++ (registered through
     torch's stable ABI), so the call runs no Python below the dispatcher;
+  * the same op with the causal mask as a 0 / -65504 bias (the masked path's extra launches);
   * the same op body in Python (_cuda_backend.sdpa_backward_python) registered as the CUDA
     kernel of a benchmark-only op with the same schema: the "lean Python path" alternative;
   * that Python body called directly (no dispatcher);
@@ -70,9 +71,16 @@ def main():
     o = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True,
                                                            False, scale=scale)
 
+    # the causal mask as torch hands it to cuDNN: a 0 / -65504 bf16 bias [1, 1, S, S]
+    keep = torch.ones(128, 128, device="cuda", dtype=torch.bool).tril()
+    bias = torch.zeros(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16).masked_fill_(~keep, -65504.0)
+    masked_args = (do, q, k, v, out, lse, False, scale, False, bias)
     rows = {
         f"torch.ops.torch_sm90_sdpa.sdpa_backward ({ops.cuda_kernel_kind()} CUDA kernel)":
             lambda: torch.ops.torch_sm90_sdpa.sdpa_backward.default(*bwd_args),
+        "the same op with the causal mask as a bias instead of is_causal (+ bounds, classify, "
+        "ranges)":
+            lambda: torch.ops.torch_sm90_sdpa.sdpa_backward.default(*masked_args),
         "the Python op body registered as a CUDA kernel (alternative)":
             lambda: py_op(*bwd_args),
         "the Python op body called directly": lambda: _cuda_backend.sdpa_backward_python(*bwd_args),

@@ -1,8 +1,9 @@
 // The tile classification of an attention mask: see mask_classify.h.
 //
-// One warp per tile and mask instance; its lanes walk the tile's rows in chunks of 8 keys (the
-// warp reads consecutive keys, as vectors where the layout allows) and vote. Any layout works (stride 0 on broadcast dims, e.g.
-// [B, 1, 1, Sk] key-padding masks: plain strided loads). A partial tile whose entries are all
+// One to eight warps per tile and mask instance (more when tiles are few); their lanes walk the
+// tile's rows in chunks of 8 keys (a warp reads consecutive keys, as vectors where the layout
+// allows) and vote. Any layout works (stride 0 on broadcast dims, e.g. [B, 1, 1, Sk]
+// key-padding masks: plain strided loads). A partial tile whose entries are all
 // either hidden or a zero bias (every partial tile of a boolean mask, and the 0 / -65504 bias
 // torch hands cuDNN) is written as bits too: the main kernel reads 1 bit per entry there.
 #include <cuda_bf16.h>
@@ -15,13 +16,12 @@
 #include <string>
 
 #include "bwd_params.h"
+#include "mask_bounds.h"
 #include "mask_classify.h"
 #include "numeric.h"
 
 namespace sm90_sdpa {
 namespace {
-
-constexpr int kThreads = 256;
 
 struct ClassifyArgs {
   const void* mask;
@@ -30,251 +30,16 @@ struct ClassifyArgs {
   bool is_causal;
   unsigned char* tile_class;
   uint32_t* tile_bits;  // tile_m * tile_n / 32 words per tile, in tile_class order
-  // additive masks: the score bounds of each instance's blocks (null for bool masks)
-  const float* q_norm_max;  // [mask_batch, mask_heads, num_m_blocks]
-  const float* lse_min;     // [mask_batch, mask_heads, num_m_blocks]
-  const float* k_norm_max;  // [mask_batch, mask_heads, num_n_blocks]
+  // additive masks: the bounds CTAs' shares of the score bounds (null: no bounds), folded per
+  // tile; the tiles of n-block 0 / m-block 0 write the folded values into q_norm_max and
+  // lse_min / k_norm_max (BwdParams; for tests)
+  const float* bounds_partial;
+  int bounds_splits;
+  int64_t bounds_count;  // values per share: instances * (2 * num_m_blocks + num_n_blocks)
+  float* q_norm_max;     // [mask_batch, mask_heads, num_m_blocks], then lse_min, k_norm_max
   float scale_log2_abs;
   int warps_per_tile;  // classify kernel: 1, 2, 4 or 8 warps share a tile (few tiles: more)
 };
-
-// ---- score bounds (additive masks) ---------------------------------------------------------
-
-struct BoundsArgs {
-  const void* q;  // [B, Hq, Sq, D]
-  int64_t q_sb, q_sh, q_sr;
-  const void* k;  // [B, Hkv, Sk, D]
-  int64_t k_sb, k_sh, k_sr;
-  const float* lse_log2;  // [B, Hq, Sq_rounded]
-  int batch, heads_q, heads_kv, seqlen_q, seqlen_k, seqlen_q_rounded, head_dim;
-  int tile_m, tile_n, num_m_blocks, num_n_blocks, mask_batch, mask_heads;
-  // the rows of a block are split between `splits` CTAs (a block of a broadcast mask covers
-  // every (batch, head): few blocks, many rows), each writing its share's values at
-  // partial + split * stride, stride = instances * (2 * num_m_blocks + num_n_blocks): the
-  // q_norm_max, lse_min and k_norm_max of every instance, in that order (BwdParams'
-  // arrays); bounds_reduce_kernel folds the shares into those arrays.
-  int splits;
-  float* partial;
-};
-
-// ||x||^2 of 8 elements (one 16-byte vector).
-template <typename T>
-__device__ __forceinline__ float sumsq8(const uint4 v) {
-  const T* e = reinterpret_cast<const T*>(&v);
-  float s = 0.f;
-#pragma unroll
-  for (int c = 0; c < 8; ++c) {
-    const float x = to_float(e[c]);
-    s = fmaf(x, x, s);
-  }
-  return s;
-}
-
-// Rows [begin, end) of one block side: row_of(t, l) is row t's address (null: no such row)
-// and sets l to its lse_log2 (q side; -inf on the key side). Vector path (16-byte aligned
-// rows, D a multiple of 8): a group of L lanes per row, L the largest power of two <= D / 32
-// (2 at d64 / d96, 4 at d128 / d192, 8 at d256), each lane ceil(D / 8 / L) <= kSlots vectors
-// of it (4, 6 at d96 / d192, at most 8) and 8 / kSlots rows in flight: the per-row work (index math,
-// the lse load, the group's reduction) is shared by 4-6 vectors. Else a warp per row.
-constexpr int kVectorsInFlight = 8;
-
-template <typename T, int kSlots, class RowOf, class Take>
-__device__ __forceinline__ void vector_rows(int begin, int end, int vecs, int group, RowOf row_of, Take take) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
-  const int per_warp = 32 / group, sub = lane % group;
-  const int stride = warps * per_warp;
-  constexpr int kRows = kVectorsInFlight / kSlots > 0 ? kVectorsInFlight / kSlots : 1;
-  for (int w0 = begin + warp * per_warp; w0 < end; w0 += stride * kRows) {
-    uint4 v[kRows][kSlots];
-    float l[kRows];
-#pragma unroll
-    for (int u = 0; u < kRows; ++u) {  // issue every load first
-      const int t = w0 + lane / group + u * stride;
-      l[u] = INFINITY;  // (no row: skipped by take)
-      const uint4* row = t < end ? reinterpret_cast<const uint4*>(row_of(t, l[u])) : nullptr;
-#pragma unroll
-      for (int x = 0; x < kSlots; ++x) {
-        const int vi = sub + x * group;
-        v[u][x] = row != nullptr && vi < vecs ? row[vi] : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kRows; ++u) {
-      float acc = 0.f;
-#pragma unroll
-      for (int x = 0; x < kSlots; ++x) acc += sumsq8<T>(v[u][x]);
-      for (int off = group / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-      take(acc, l[u]);
-    }
-  }
-}
-
-template <typename T, class RowOf>
-__device__ void side_bounds(int begin, int end, int head_dim, bool vec_ok, RowOf row_of, float& norm_max,
-                            float& lse_lo) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
-  auto take = [&](float sumsq, float l) {  // l: the row's lse_log2 (q side) or -inf (k side)
-    if (l == INFINITY) return;             // P = 0 on this row whatever the scores (or no row)
-    if (l != l) l = -INFINITY;             // NaN: no bound
-    const float n = sqrtf(sumsq);
-    norm_max = fmaxf(norm_max, n <= 3.0e38f ? n : INFINITY);  // a NaN must never shrink a bound
-    lse_lo = fminf(lse_lo, l);
-  };
-  if (!vec_ok) {
-    for (int t = begin + warp; t < end; t += warps) {
-      float l = INFINITY;
-      const T* row = row_of(t, l);
-      if (row == nullptr || l == INFINITY) continue;
-      float acc = 0.f;
-      for (int c = lane; c < head_dim; c += 32) {
-        const float x = to_float(row[c]);
-        acc = fmaf(x, x, acc);
-      }
-      for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-      take(acc, l);
-    }
-    return;
-  }
-  const int vecs = head_dim / 8;
-  int group = 32;
-  while (group > 1 && group * 4 > vecs) group >>= 1;
-  // group * 4 <= vecs < group * 8 (group < 32): at most 8 vectors per lane
-  const int slots = (vecs + group - 1) / group;
-  if (slots > 6) {
-    vector_rows<T, 8>(begin, end, vecs, group, row_of, take);
-  } else if (slots > 4) {
-    vector_rows<T, 6>(begin, end, vecs, group, row_of, take);  // d96, d192
-  } else {
-    vector_rows<T, 4>(begin, end, vecs, group, row_of, take);
-  }
-}
-
-__device__ __forceinline__ bool aligned16(const void* p, int64_t s0, int64_t s1, int64_t s2, int elem) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (s0 * elem) % 16 == 0 && (s1 * elem) % 16 == 0 &&
-         (s2 * elem) % 16 == 0;
-}
-
-// The rows of one block side over the (batch, head) pairs an instance covers: row t is
-// (pair t >> shift, row r = t & (span - 1) of the block), span = the tile size (a power of two),
-// rows r >= rows (the last block's tail) absent; pair -> (b, h) by a multiply (no division
-// in the per-row index math, which dominated this kernel's instructions).
-struct BlockRows {
-  int shift, rows, r0;  // r0: the block's first row
-  int b0, h0, nh;       // pairs: b0 + pair / nh, h0 + pair % nh
-  uint32_t magic;       // floor((2^32 - 1) / nh)
-  __device__ BlockRows(int span, int rows_, int r0_, int b0_, int h0_, int nh_)
-      : shift(0), rows(rows_), r0(r0_), b0(b0_), h0(h0_), nh(nh_), magic(0xFFFFFFFFu / uint32_t(nh_)) {
-    while ((1 << shift) < span) ++shift;
-  }
-  __device__ int count(int pairs) const { return pairs << shift; }
-  // false for an absent row; else its (b, h, row index)
-  __device__ bool at(int t, int& b, int& h, int& r) const {
-    const int pair = t >> shift;
-    r = t & ((1 << shift) - 1);
-    if (r >= rows) return false;
-    int q = int(__umulhi(uint32_t(pair), magic));  // pair / nh or one less
-    if (pair - q * nh >= nh) ++q;
-    b = b0 + q;
-    h = h0 + (pair - q * nh);
-    r += r0;
-    return true;
-  }
-};
-
-// One CTA per (block, split x mask head instance, mask batch instance): blockIdx.x <
-// num_m_blocks is a query block (max ||q_i|| and min lse_log2 over its live rows, lse_log2 <
-// +inf, of every (batch, q head) the instance covers), the rest key blocks (max ||k_j||, keys
-// < Sk, of every (batch, kv head) it covers); the CTA takes split `blockIdx.y / mask_heads`
-// of those rows.
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 3) block_bounds_kernel(const BoundsArgs a) {
-  const int mh = blockIdx.y % a.mask_heads, split = blockIdx.y / a.mask_heads, mb = blockIdx.z;
-  // this CTA's share [begin, end) of `total` rows
-  auto share = [&](int total, int& begin, int& end) {
-    const int per = (total + a.splits - 1) / a.splits;
-    begin = min(total, split * per);
-    end = min(total, begin + per);
-  };
-  const int b0 = a.mask_batch == 1 ? 0 : mb, b1 = a.mask_batch == 1 ? a.batch : mb + 1;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
-  const bool q_side = int(blockIdx.x) < a.num_m_blocks;
-  const bool vec_dim = a.head_dim % 8 == 0;
-  float norm_max = 0.f, lse_lo = INFINITY;
-  if (q_side) {
-    const int m = blockIdx.x;
-    const int h0 = a.mask_heads == 1 ? 0 : mh, h1 = a.mask_heads == 1 ? a.heads_q : mh + 1;
-    const int r0 = m * a.tile_m, r1 = min(r0 + a.tile_m, a.seqlen_q);
-    const BlockRows space(a.tile_m, r1 > r0 ? r1 - r0 : 0, r0, b0, h0, h1 - h0);
-    int begin, end;
-    share(space.count((b1 - b0) * (h1 - h0)), begin, end);
-    auto row_of = [&](int t, float& l) -> const T* {
-      int b, h, r;
-      if (!space.at(t, b, h, r)) return nullptr;
-      l = a.lse_log2[(int64_t(b) * a.heads_q + h) * a.seqlen_q_rounded + r];
-      return static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + r * a.q_sr;
-    };
-    side_bounds<T>(begin, end, a.head_dim, vec_dim && aligned16(a.q, a.q_sb, a.q_sh, a.q_sr, sizeof(T)),
-                   row_of, norm_max, lse_lo);
-  } else {
-    const int n = int(blockIdx.x) - a.num_m_blocks;
-    const int group = a.heads_q / a.heads_kv;
-    const int h0 = a.mask_heads == 1 ? 0 : mh / group;
-    const int h1 = a.mask_heads == 1 ? a.heads_kv : mh / group + 1;
-    const int r0 = n * a.tile_n, r1 = min(r0 + a.tile_n, a.seqlen_k);
-    const BlockRows space(a.tile_n, r1 > r0 ? r1 - r0 : 0, r0, b0, h0, h1 - h0);
-    int begin, end;
-    share(space.count((b1 - b0) * (h1 - h0)), begin, end);
-    auto row_of = [&](int t, float& l) -> const T* {  // keys: every row counts (l = -inf)
-      int b, h, r;
-      if (!space.at(t, b, h, r)) return nullptr;
-      l = -INFINITY;
-      return static_cast<const T*>(a.k) + b * a.k_sb + h * a.k_sh + r * a.k_sr;
-    };
-    side_bounds<T>(begin, end, a.head_dim, vec_dim && aligned16(a.k, a.k_sb, a.k_sh, a.k_sr, sizeof(T)),
-                   row_of, norm_max, lse_lo);
-    lse_lo = INFINITY;  // (unused on the key side)
-  }
-  for (int off = 16; off > 0; off >>= 1) {  // the vector path's row groups hold their own values
-    norm_max = fmaxf(norm_max, __shfl_xor_sync(0xffffffffu, norm_max, off));
-    lse_lo = fminf(lse_lo, __shfl_xor_sync(0xffffffffu, lse_lo, off));
-  }
-  __shared__ float s_norm[kThreads / 32], s_lse[kThreads / 32];
-  if (lane == 0) {
-    s_norm[warp] = norm_max;
-    s_lse[warp] = lse_lo;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < warps; ++w) {
-      norm_max = fmaxf(norm_max, s_norm[w]);
-      lse_lo = fminf(lse_lo, s_lse[w]);
-    }
-    const int64_t inst = int64_t(mb) * a.mask_heads + mh, instances = int64_t(a.mask_batch) * a.mask_heads;
-    float* part = a.partial + split * instances * (2 * a.num_m_blocks + a.num_n_blocks);
-    if (q_side) {
-      part[inst * a.num_m_blocks + blockIdx.x] = norm_max;
-      part[(instances + inst) * a.num_m_blocks + blockIdx.x] = lse_lo;
-    } else {
-      part[2 * instances * a.num_m_blocks + inst * a.num_n_blocks + (blockIdx.x - a.num_m_blocks)] =
-          norm_max;
-    }
-  }
-}
-
-// Folds the splits' shares: `count` = instances * (2 * num_m_blocks + num_n_blocks) values,
-// the max of the norms and the min of the lse_log2 (the second of the three arrays).
-__global__ void bounds_reduce_kernel(const float* partial, float* bounds, int count, int splits,
-                                     int lse_begin, int lse_end) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= count) return;
-  const bool is_lse = i >= lse_begin && i < lse_end;
-  float v = partial[i];
-  for (int s = 1; s < splits; ++s) {
-    const float x = partial[int64_t(s) * count + i];
-    v = is_lse ? fminf(v, x) : fmaxf(v, x);
-  }
-  bounds[i] = v;
-}
 
 template <MaskKind kKind>
 struct MaskElem;
@@ -393,13 +158,33 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
   // (mask_classify.h); -inf when no bound holds (bool masks never use it)
   float dead_below = -INFINITY;
   bool no_live_row = false;
-  if (kKind != MaskKind::kBool && a.q_norm_max != nullptr) {
-    const int64_t inst = int64_t(b) * a.mask_heads + h;
-    const float lse_lo = a.lse_min[inst * a.num_m_blocks + m_block];
+  if (kKind != MaskKind::kBool && a.bounds_partial != nullptr) {
+    // the shares of the tile's blocks: lane s < splits (at most 32) reads share s
+    const int64_t inst = int64_t(b) * a.mask_heads + h, instances = int64_t(gridDim.z) * gridDim.y;
+    const int64_t at_q = inst * a.num_m_blocks + m_block;
+    const int64_t at_lse = (instances + inst) * a.num_m_blocks + m_block;
+    const int64_t at_k = 2 * instances * a.num_m_blocks + inst * a.num_n_blocks + n_block;
+    float q_norm = 0.f, lse_lo = INFINITY, k_norm = 0.f;
+    if (active && lane < a.bounds_splits) {
+      const float* share = a.bounds_partial + lane * a.bounds_count;
+      q_norm = share[at_q];
+      lse_lo = share[at_lse];
+      k_norm = share[at_k];
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      q_norm = fmaxf(q_norm, __shfl_xor_sync(0xffffffffu, q_norm, off));
+      lse_lo = fminf(lse_lo, __shfl_xor_sync(0xffffffffu, lse_lo, off));
+      k_norm = fmaxf(k_norm, __shfl_xor_sync(0xffffffffu, k_norm, off));
+    }
+    if (active && part == 0 && lane == 0) {  // the folded bounds, once per block
+      if (n_block == 0) {
+        a.q_norm_max[at_q] = q_norm;
+        a.q_norm_max[at_lse] = lse_lo;
+      }
+      if (m_block == 0) a.q_norm_max[at_k] = k_norm;
+    }
     no_live_row = lse_lo == INFINITY;  // every row of the tile has P = 0
-    const float bound = a.scale_log2_abs * a.q_norm_max[inst * a.num_m_blocks + m_block] *
-                            a.k_norm_max[inst * a.num_n_blocks + n_block] * (1.f + 1.f / 128.f) +
-                        1.f - lse_lo;
+    const float bound = a.scale_log2_abs * q_norm * k_norm * (1.f + 1.f / 128.f) + 1.f - lse_lo;
     const float limit = -160.f - bound;
     if (limit == limit) dead_below = limit;  // NaN (inf - inf): no bound
   }
@@ -557,59 +342,14 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
   a.is_causal = p.is_causal;
   a.tile_class = p.tile_class;
   a.tile_bits = p.tile_bits;
-  if (p.mask_kind != MaskKind::kBool && p.q_norm_max != nullptr && p.lse_min != nullptr &&
-      p.k_norm_max != nullptr && p.bounds_partial != nullptr &&
-      // BlockRows: the tile sizes are powers of two (every configuration's are)
-      (p.tile_m & (p.tile_m - 1)) == 0 && (p.tile_n & (p.tile_n - 1)) == 0 &&
-      // the reduce writes the three arrays as one (make_params lays them out so); else no
-      // bounds: finite biases stay partial tiles (correct, only slower)
-      p.lse_min == p.q_norm_max + int64_t(p.num_m_blocks) * p.mask_heads * p.mask_batch &&
-      p.k_norm_max == p.lse_min + int64_t(p.num_m_blocks) * p.mask_heads * p.mask_batch) {
-    BoundsArgs ba{};
-    ba.q = p.q;
-    ba.q_sb = p.q_batch_stride;
-    ba.q_sh = p.q_head_stride;
-    ba.q_sr = p.q_row_stride;
-    ba.k = p.k;
-    ba.k_sb = p.k_batch_stride;
-    ba.k_sh = p.k_head_stride;
-    ba.k_sr = p.k_row_stride;
-    ba.lse_log2 = p.lse_log2;
-    ba.batch = p.batch;
-    ba.heads_q = p.heads_q;
-    ba.heads_kv = p.heads_kv;
-    ba.seqlen_q = p.seqlen_q;
-    ba.seqlen_k = p.seqlen_k;
-    ba.seqlen_q_rounded = p.seqlen_q_rounded;
-    ba.head_dim = p.head_dim;
-    ba.tile_m = p.tile_m;
-    ba.tile_n = p.tile_n;
-    ba.num_m_blocks = p.num_m_blocks;
-    ba.num_n_blocks = p.num_n_blocks;
-    ba.mask_batch = p.mask_batch;
-    ba.mask_heads = p.mask_heads;
-    ba.partial = p.bounds_partial;
-    // enough CTAs for about four per multiprocessor
-    const int64_t blocks = int64_t(p.num_m_blocks + p.num_n_blocks) * p.mask_heads * p.mask_batch;
-    const int64_t want = (4 * int64_t(p.num_sms > 0 ? p.num_sms : 132) + blocks - 1) / std::max<int64_t>(blocks, 1);
-    ba.splits = static_cast<int>(std::min<int64_t>(kMaxBoundSplits, std::max<int64_t>(1, want)));
-    const dim3 bgrid(unsigned(p.num_m_blocks + p.num_n_blocks), unsigned(p.mask_heads * ba.splits),
-                     unsigned(p.mask_batch));
-    const int count = int(blocks + int64_t(p.num_m_blocks) * p.mask_heads * p.mask_batch);
-    if (bgrid.x > 0 && bgrid.y > 0 && bgrid.z > 0) {
-      if (p.dtype == DType::kFloat16) {
-        block_bounds_kernel<__half><<<bgrid, kThreads, 0, stream>>>(ba);
-      } else {
-        block_bounds_kernel<__nv_bfloat16><<<bgrid, kThreads, 0, stream>>>(ba);
-      }
-      // into q_norm_max, lse_min, k_norm_max (contiguous, in that order: make_params)
-      const int inst_m = p.num_m_blocks * p.mask_heads * p.mask_batch;
-      bounds_reduce_kernel<<<(count + 255) / 256, 256, 0, stream>>>(p.bounds_partial, p.q_norm_max, count,
-                                                                   ba.splits, inst_m, 2 * inst_m);
-    }
+  // additive masks: the shares the preprocess launch's bounds CTAs wrote (mask_bounds.h)
+  mask_bounds::BoundsArgs ba;
+  int bounds_ctas = 0;
+  if (mask_bounds::plan(p, ba, bounds_ctas)) {
+    a.bounds_partial = p.bounds_partial;
+    a.bounds_splits = ba.splits;
+    a.bounds_count = mask_bounds::share_count(ba);
     a.q_norm_max = p.q_norm_max;
-    a.lse_min = p.lse_min;
-    a.k_norm_max = p.k_norm_max;
     a.scale_log2_abs = fabsf(p.scale_log2);
   }
   const int64_t tiles = int64_t(p.num_m_blocks) * p.num_n_blocks;

@@ -31,9 +31,10 @@ namespace sm90_sdpa {
 // non-empty tile (a second, small kernel over tile_class).
 // Each mask element is read once per instance (broadcast dims are not expanded). Reads:
 // batch, heads_q, seqlen_q, seqlen_k, is_causal, mask*, tile_*, num_*_blocks, num_sms; for an
-// additive mask also q, k (their strides), lse_log2 (written by the preprocess, which must
-// run first), scale_log2, and writes q_norm_max, lse_min, k_norm_max (the bounds, computed
-// by a first kernel in shares into bounds_partial, then folded).
+// additive mask also scale_log2 and bounds_partial: the score bounds' shares, which the
+// preprocess launch's bounds CTAs wrote (mask_bounds.h; run_bwd_preprocess must run first
+// on the same params); the classification folds them per tile and writes the folded
+// q_norm_max, lse_min and k_norm_max (for tests).
 void run_mask_classify(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace sm90_sdpa

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "bwd_params.h"
+#include "mask_bounds.h"
 #include "numeric.h"
 #include "prepost.h"
 
@@ -92,6 +93,10 @@ struct PreArgs {
   int64_t rows_q;   // B * Hq * Sq_rounded
   int64_t rows_kv;  // B * Hkv * Sk_rounded when the kv accumulators are zeroed, else 0
   int group_log2;   // G = 1 << group_log2 threads per row
+  // additive masks: the first bounds_ctas CTAs of the launch compute the score bounds' shares
+  // (mask_bounds.h) while the rest run the preprocess: one launch, the reads overlapping
+  int bounds_ctas;
+  mask_bounds::BoundsArgs bounds;
 };
 
 __device__ __forceinline__ void zero_row(float* p, int n, int lane, int group, bool vec) {
@@ -104,13 +109,23 @@ __device__ __forceinline__ void zero_row(float* p, int n, int lane, int group, b
   }
 }
 
-template <typename T, bool kVecIn, bool kVecAcc>
+template <typename T, bool kVecIn, bool kVecAcc, bool kBounds>
 __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreArgs a) {
+  static_assert(kThreads == mask_bounds::kBoundsThreads, "a bounds CTA is a preprocess CTA");
+  int block = blockIdx.x, blocks = gridDim.x;
+  if constexpr (kBounds) {
+    if (block < a.bounds_ctas) {
+      mask_bounds::block_bounds_cta<T>(a.bounds, block);
+      return;
+    }
+    block -= a.bounds_ctas;
+    blocks -= a.bounds_ctas;
+  }
   const int group = 1 << a.group_log2;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t tid = int64_t(block) * blockDim.x + threadIdx.x;
   const int lane = int(tid & (group - 1));
   const int64_t my_group = tid >> a.group_log2;
-  const int64_t num_groups = (int64_t(gridDim.x) * blockDim.x) >> a.group_log2;
+  const int64_t num_groups = (int64_t(blocks) * blockDim.x) >> a.group_log2;
   // first group of this warp: the loop condition below is the same for the whole warp, so
   // every lane reaches the shuffles of every iteration
   const int64_t warp_first_group = (tid & ~int64_t(31)) >> a.group_log2;
@@ -265,7 +280,11 @@ inline unsigned grid_for(int64_t rows, int group_log2, int num_sms) {
 
 template <typename T, bool kVecIn, bool kVecAcc>
 void launch_pre(const PreArgs& a, unsigned grid, cudaStream_t stream) {
-  bwd_preprocess_kernel<T, kVecIn, kVecAcc><<<grid, kThreads, 0, stream>>>(a);
+  if (a.bounds_ctas > 0) {
+    bwd_preprocess_kernel<T, kVecIn, kVecAcc, true><<<grid + a.bounds_ctas, kThreads, 0, stream>>>(a);
+  } else {
+    bwd_preprocess_kernel<T, kVecIn, kVecAcc, false><<<grid, kThreads, 0, stream>>>(a);
+  }
 }
 
 template <typename T>
@@ -325,6 +344,7 @@ void run_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   }
   a.group_log2 = group_log2_for(vec_in ? p.head_dim_v / 8 : p.head_dim_v);
   const unsigned grid = grid_for(a.rows_q + a.rows_kv, a.group_log2, p.num_sms);
+  if (!mask_bounds::plan(p, a.bounds, a.bounds_ctas)) a.bounds_ctas = 0;
   if (p.dtype == DType::kFloat16) {
     dispatch_pre<__half>(a, vec_in, vec_acc, grid, stream);
   } else {

@@ -16,8 +16,12 @@ namespace sm90_sdpa {
 //   padding:   dpsum = 0, lse_log2 = +inf
 // and zeroes dq_accum [B, Hq, Sq_rounded, D] entirely; when dk_accum / dv_accum are non-null,
 // zeroes them as well ([B, Hkv, Sk_rounded, D] and [B, Hkv, Sk_rounded, Dv]).
+// With an additive mask (mask_kind fp16 / bf16 / fp32 and the score-bound arrays set), the same
+// launch also writes the shares of the score bounds into bounds_partial (extra CTAs,
+// mask_bounds.h; the classification folds them): they read q and k (+ strides) and lse.
 // Reads: batch, heads_q, heads_kv, seqlen_q(_rounded), seqlen_k_rounded, head_dim(_v), dtype,
-// out, dout, lse (+ strides), dpsum, lse_log2, dq_accum, dk_accum, dv_accum, num_sms (0: a default).
+// out, dout, lse (+ strides), dpsum, lse_log2, dq_accum, dk_accum, dv_accum, num_sms (0: a
+// default), and for the bounds the mask fields.
 // Launches nothing when the work is empty (batch, heads or rows 0).
 void run_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
 

@@ -242,9 +242,10 @@ def test_tile_ranges_bound_the_non_empty_tiles(kind):
 
 @pytest.mark.parametrize("head_dim,heads,kv_heads", [(64, 4, 2), (128, 2, 2), (256, 4, 1), (96, 2, 1)])
 def test_score_bounds_match_torch(head_dim, heads, kv_heads):
-    """The bounds kernel's per-block values (max ||q|| and min lse_log2 over live rows per
-    m-block, max ||k|| per n-block, per mask instance) against torch, on aligned rows (vector
-    path) and on a misaligned view (scalar path)."""
+    """The score bounds' per-block values (max ||q|| and min lse_log2 over live rows per
+    m-block, max ||k|| per n-block, per mask instance; computed by the preprocess launch's
+    bounds CTAs, folded by the classification) against torch, on aligned rows (vector path)
+    and on a misaligned view (scalar path)."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
     need_variant(head_dim, torch.bfloat16)
