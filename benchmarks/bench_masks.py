@@ -19,6 +19,10 @@ masked backward (what stock runs under deterministic algorithms) instead of cuDN
     python benchmarks/bench_masks.py [--seqs 2048,4096,8192,16384] [--reps 10] [--json OUT]
                                      [--head-dim 128] [--kv-heads 4] [--classes]
 
+--public also times forward + backward through the public entry points with the boolean mask a
+user passes (keep = bias == 0): torch_sm90_sdpa.scaled_dot_product_attention (the drop-in: stock
+forward, our backward) against F.scaled_dot_product_attention, and F's is_causal call.
+
 --kv-heads: GQA (k / v with fewer heads, as Llama-style models); --classes prints the share of
 empty / partial / full tiles the classification found for each mask; --fill cudnn makes the
 bias 0 / -65504, as torch 2.11 hands a boolean mask to cuDNN (tools/mask_conversion_probe.py),
@@ -28,7 +32,7 @@ import argparse
 
 import torch
 
-import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+import torch_sm90_sdpa  # registers the ops; the drop-in (--public)
 from bench_bwd import time_interleaved, write_json  # the interleaved CUDA-event timer (median)
 
 aten = torch.ops.aten
@@ -103,6 +107,28 @@ def ours_backward(q, k, v, dout, bias, causal, scale, o, lse):
     return run
 
 
+def public_times(q, k, v, dout, keep, reps):
+    """Forward + backward ms through the public entry points, interleaved: the drop-in and
+    F.scaled_dot_product_attention with the boolean mask keep [B, 1, S, S], and F's is_causal
+    call (what the model would cost without a mask)."""
+    import torch.nn.functional as F
+
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    gqa = q.size(1) != k.size(1)
+
+    def fwd_bwd(fn, **kw):
+        def run():
+            out = fn(qg, kg, vg, enable_gqa=gqa, **kw)
+            return torch.autograd.grad(out, (qg, kg, vg), dout)
+        return run
+    t = time_interleaved({
+        "dropin mask fwdbwd": fwd_bwd(torch_sm90_sdpa.scaled_dot_product_attention, attn_mask=keep),
+        "F.sdpa mask fwdbwd": fwd_bwd(F.scaled_dot_product_attention, attn_mask=keep),
+        "F.sdpa causal fwdbwd": fwd_bwd(F.scaled_dot_product_attention, is_causal=True),
+    }, reps, warmup=1)
+    return t
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqs", default="2048,4096,8192,16384")
@@ -112,6 +138,8 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128, help="hidden 2048: 2048 / d q heads")
     ap.add_argument("--kv-heads", type=int, default=None, help="default: as many as q heads")
     ap.add_argument("--classes", action="store_true")
+    ap.add_argument("--public", action="store_true",
+                    help="also forward + backward through the drop-in and F.sdpa (bool mask)")
     ap.add_argument("--stock", choices=("cudnn", "efficient"), default="cudnn",
                     help="the stock masked backward to compare with")
     ap.add_argument("--fill", choices=("inf", "cudnn"), default="inf",
@@ -153,12 +181,19 @@ def main():
                 # partial: the mask read per element (1) or as the classification's bits (3)
                 row["tile_classes"] = {name: (cls == code).float().mean().item()
                                        for code, name in enumerate(("empty", "partial", "full", "bits"))}
+            if args.public:
+                row.update(public_times(q, k, v, dout, bias == 0, args.reps))
             rows.append(row)
             print(f"{kind:<15} {s:>6} {b:>3} | {t['ours mask']:>9.3f} {t[stock + ' mask']:>14.3f} "
                   f"{t['ours causal']:>11.3f} {t['cudnn causal']:>12.3f} | "
                   f"{row['stock_over_ours']:>13.2f}x {row['ours_mask_over_causal']:>10.2f}x"
                   f"{'  tiles ' + str(row['tile_classes']) if args.classes else ''}",
                   flush=True)
+            if args.public:
+                print(f"{'':<15} {'':>6} {'':>3} | public fwd+bwd, bool mask: drop-in "
+                      f"{row['dropin mask fwdbwd']:.3f}, F.sdpa {row['F.sdpa mask fwdbwd']:.3f} "
+                      f"({row['F.sdpa mask fwdbwd'] / row['dropin mask fwdbwd']:.2f}x), "
+                      f"F.sdpa is_causal {row['F.sdpa causal fwdbwd']:.3f}", flush=True)
             del bias, stock_mask, ours_mask, o_m, lse_m
         del q, k, v, dout, causal_run, ours_causal
         torch.cuda.empty_cache()
