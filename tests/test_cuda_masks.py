@@ -293,6 +293,42 @@ def test_drop_in_with_a_padding_mask_matches_stock():
         torch.testing.assert_close(ours.float(), stock.float(), atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("kind,heads,kv_heads,dtype,expect_cudnn", [
+    ("padding right", 8, 2, torch.bfloat16, True), ("rows without keys", 4, 4, torch.bfloat16, True),
+    ("additive bias", 4, 2, torch.float16, True),
+    ("key padding [B,1,1,Sk]", 4, 1, torch.bfloat16, False)])  # (either forward)
+def test_masked_forward_matches_fp64(kind, heads, kv_heads, dtype, expect_cudnn):
+    """The op's masked forward (cuDNN's where torch allows it: GQA, bool and additive masks)
+    against float64: out and lse within the bf16 / fp16 rounding, out = 0 and no NaN on rows
+    without a visible key; then the drop-in's gradients within 2x the stock error."""
+    from torch_sm90_sdpa import ops
+
+    need_variant(128, dtype)
+    b, s, d = 2, 333, 128
+    torch.manual_seed(9)
+    q = torch.randn(b, heads, s, d, device=DEV, dtype=dtype)
+    k, v = (torch.randn(b, kv_heads, s, d, device=DEV, dtype=dtype) for _ in range(2))
+    mask = make_mask(kind, b, heads, s, s, dtype)
+    scale = d ** -0.5
+    if expect_cudnn:
+        assert ops._cudnn_masked_forward(q, k, v, False, scale, mask) is not None, "not cuDNN"
+    out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, False, scale, True, mask)
+    o64, lse64 = reference_out_lse(q, k, v, mask, False, scale)
+    dead = lse64 == float("-inf")  # rows without a visible key
+    assert (out[dead] == 0).all() and not lse.isnan().any() and not out.isnan().any()
+    torch.testing.assert_close(out.double(), o64, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse.double()[~dead], lse64[~dead], atol=1e-3, rtol=1e-3)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+    o = torch_sm90_sdpa.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale,
+                                                     enable_gqa=True)
+    grads = torch.autograd.grad(o, (qg, kg, vg), dout)
+    _, rdq, rdk, rdv = reference_grads_fp64_masked(q, k, v, dout, mask, False, scale)
+    sdq, sdk, sdv = stock_grads(q, k, v, dout, mask, False, scale)
+    for ours, st, ref, name in zip(grads, (sdq, sdk, sdv), (rdq, rdk, rdv), ("dq", "dk", "dv")):
+        assert_close_to_reference(ours, st, ref, f"{kind} {name}")
+
+
 def test_opcheck_with_a_mask_on_cuda():
     need_variant(128, torch.bfloat16)
     q, k, v = (torch.randn(1, 4, 200, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3))
