@@ -96,6 +96,33 @@ class TestSdpaOp:
         for g, r in zip(grads, ref):
             torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10)
 
+    def test_masked_forward_picks_cudnn_only_where_torch_allows(self, monkeypatch):
+        """The CUDA forward's cuDNN choice (ops._cudnn_masked_forward) declines without asking
+        torch for calls it keeps off cuDNN (no mask; a mask with is_causal), asks torch for a
+        masked call, with the mask as a 4-D bias of q's dtype, and declines where torch says
+        no (here CPU tensors). The GPU suite checks that it takes the usual masked calls
+        (tests/test_cuda_masks.py)."""
+        from torch_sm90_sdpa import ops
+
+        q, k, v = make_qkv(1, 4, 2, 16, 16, 16, dtype=torch.bfloat16)
+        mask = torch.ones(16, 16, dtype=torch.bool).tril()
+        asked = []
+        real = torch.backends.cuda.can_use_cudnn_attention
+
+        def spy(params, debug=False):
+            asked.append(params)
+            return real(params, debug)
+
+        monkeypatch.setattr(torch.backends.cuda, "can_use_cudnn_attention", spy)
+        assert ops._cudnn_masked_forward(q, k, v, False, 0.25, None) is None
+        assert ops._cudnn_masked_forward(q, k, v, True, 0.25, mask) is None
+        assert asked == []
+        assert ops._cudnn_masked_forward(q, k, v, False, 0.25, mask) is None  # CPU: torch says no
+        assert len(asked) == 1
+        bias = asked[0].attn_mask
+        assert bias.dtype == q.dtype and bias.dim() == 4
+        assert torch.equal(bias[0, 0] == 0, mask) and torch.isinf(bias[0, 0][~mask]).all()
+
     def test_backward_runs_our_op(self):
         """The backward of sdpa is sdpa_backward, seen by the dispatcher."""
         from torch.utils._python_dispatch import TorchDispatchMode

@@ -82,7 +82,9 @@ def scaled_dot_product_attention(
     query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, D]; Hq % Hkv == 0 with
     ``enable_gqa=True``. ``scale=None`` means ``1 / sqrt(D)``. attn_mask: a bool mask (True =
     attend) or an additive float mask (fp32 / fp16 / bf16) broadcastable to [B, Hq, Sq, Sk]; its
-    backward skips the tiles the mask hides. Calls with dropout, a mask that requires grad or
+    backward skips the tiles the mask hides, and its forward is stock cuDNN's with the mask as
+    a 0 / -inf bias where torch allows it (else the memory-efficient kernel's): a row without a
+    visible key gives 0. Calls with dropout, a mask that requires grad or
     comes with ``is_causal=True``, other ranks, no gradient to compute, autocast on, or (on
     CUDA) a non-SM90 device or a dtype or head dim without a compiled kernel fall back to the
     stock function. Under ``torch.use_deterministic_algorithms(True)`` the backward runs the
