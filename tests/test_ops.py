@@ -100,8 +100,9 @@ class TestSdpaOp:
         """The CUDA forward's cuDNN choice (ops._cudnn_masked_forward) declines without asking
         torch for calls it keeps off cuDNN (no mask; a mask with is_causal), asks torch for a
         masked call, with the mask as a 4-D bias of q's dtype, and declines where torch says
-        no (here CPU tensors). The GPU suite checks that it takes the usual masked calls
-        (tests/test_cuda_masks.py)."""
+        no (here CPU tensors; a CUDA build of torch without a driver raises from the check,
+        which counts as no), or where the check or cuDNN raises. The GPU suite checks that it
+        takes the usual masked calls (tests/test_cuda_masks.py)."""
         from torch_sm90_sdpa import ops
 
         q, k, v = make_qkv(1, 4, 2, 16, 16, 16, dtype=torch.bfloat16)
@@ -122,6 +123,12 @@ class TestSdpaOp:
         bias = asked[0].attn_mask
         assert bias.dtype == q.dtype and bias.dim() == 4
         assert torch.equal(bias[0, 0] == 0, mask) and torch.isinf(bias[0, 0][~mask]).all()
+
+        def refuse(params, debug=False):
+            raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
+
+        monkeypatch.setattr(torch.backends.cuda, "can_use_cudnn_attention", refuse)
+        assert ops._cudnn_masked_forward(q, k, v, False, 0.25, mask) is None
 
     def test_backward_runs_our_op(self):
         """The backward of sdpa is sdpa_backward, seen by the dispatcher."""

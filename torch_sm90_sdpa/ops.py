@@ -214,12 +214,20 @@ def _cudnn_masked_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scal
     while bias.dim() < 4:
         bias = bias.unsqueeze(0)
     gqa = q.size(1) != k.size(1)
-    params = torch.backends.cuda.SDPAParams(q, k, v, bias, 0.0, is_causal, gqa)
-    if not torch.backends.cuda.can_use_cudnn_attention(params, False):
+    # Either step may raise where cuDNN is not usable after all (the check itself raised
+    # "CUDA driver version is insufficient" on a CUDA build of torch 2.9 without a driver;
+    # cuDNN can refuse a graph it was offered): the memory-efficient kernel then serves the
+    # call, with the same semantics (rows without keys give 0; the backward takes the mask).
+    try:
+        params = torch.backends.cuda.SDPAParams(q, k, v, bias, 0.0, is_causal, gqa)
+        if not torch.backends.cuda.can_use_cudnn_attention(params, False):
+            return None
+        res = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, bias, True, 0.0, is_causal, False, scale=scale
+        )
+    except RuntimeError as e:
+        log.debug("sdpa forward: cuDNN not usable (%s); memory-efficient kernel", e)
         return None
-    res = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        q, k, v, bias, True, 0.0, is_causal, False, scale=scale
-    )
     log.debug("sdpa forward: cuDNN with the mask as a bias")
     lse = res[1]  # [B, Hq, Sq, 1]
     return res[0], lse[..., 0] if lse.dim() == 4 else lse
