@@ -253,9 +253,7 @@ __device__ void block_bounds_cta(const BoundsArgs& a, int cta) {
     auto row_of = [&](int t, float& l) -> const T* {
       int b, h, r;
       if (!space.at(t, b, h, r)) return nullptr;
-      // lse_log2 as the preprocess writes it: lse * log2(e), +inf for a row that sees no key
-      l = a.lse[b * a.lse_sb + h * a.lse_sh + r * a.lse_sr] * kLog2e;
-      if (l == -INFINITY) l = INFINITY;
+      l = lse_log2_of(a.lse[b * a.lse_sb + h * a.lse_sh + r * a.lse_sr]);  // (as the preprocess)
       return static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + r * a.q_sr;
     };
     side_bounds<T>(begin, end, a.head_dim, vec_dim && aligned16(a.q, a.q_sb, a.q_sh, a.q_sr, sizeof(T)),

@@ -170,10 +170,7 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreArgs 
       if (s < a.seqlen_q) {
         const int64_t h = bh % a.heads_q, b = bh / a.heads_q;
         d = partial;
-        l2 = a.lse[b * a.lse_sb + h * a.lse_sh + s * a.lse_sr] * kLog2e;
-        // A row that sees no key (its whole mask row masked) has lse = -inf: +inf gives
-        // P = exp2(s - inf) = 0 there instead of NaN, so its gradients are 0 (as stock's).
-        if (l2 == -INFINITY) l2 = INFINITY;
+        l2 = lse_log2_of(a.lse[b * a.lse_sb + h * a.lse_sh + s * a.lse_sr]);
       } else {
         d = 0.f;
         l2 = INFINITY;
