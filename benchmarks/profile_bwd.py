@@ -4,7 +4,12 @@ device time of every kernel per call, for is_causal and for a causal mask passed
 (--mask zeros: every tile full, the masked kernel's cost where it has no mask work):
     python benchmarks/profile_bwd.py [--b 2 --h 16 --kv-heads 4 --s 16384 --d 128] [--mask zeros]
 --once calls each mode once, unprofiled (for Nsight Compute: tools/device_session.sh ncu).
+Per mode it also prints where a call's time goes when it is timed as bench_bwd / bench_masks
+time it (CUDA events around one call on an idle GPU, median): event wall, the GPU span from the
+first kernel's start to the last one's end, the kernels' own time, so wall - span is the host's
+time before the first launch (and event overhead), span - kernels the gaps between kernels.
 """
+import statistics
 import argparse
 import collections
 
@@ -28,6 +33,32 @@ def kernel_ms(fn, reps):
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per_kernel[e.name] += e.device_time / 1e3 / reps
     return dict(per_kernel)
+
+
+def call_spans(fn, reps):
+    """(event wall, GPU span, kernel sum) ms per call, medians over reps calls each timed alone
+    with CUDA events (as the benchmarks time them), kernels from the profiler's events."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    walls = []
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(reps):
+            st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            st.record()
+            fn()
+            en.record()
+            torch.cuda.synchronize()
+            walls.append(st.elapsed_time(en))
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in p.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not kernels or len(kernels) % reps:
+        return statistics.median(walls), float("nan"), float("nan")
+    per = len(kernels) // reps
+    calls = [kernels[i * per:(i + 1) * per] for i in range(reps)]
+    spans = [(c[-1][1] - c[0][0]) / 1e3 for c in calls]
+    sums = [sum(e - b for b, e in c) / 1e3 for c in calls]
+    return statistics.median(walls), statistics.median(spans), statistics.median(sums)
 
 
 def main():
@@ -77,6 +108,10 @@ def main():
         print(f"-- {name}: total {sum(per_kernel.values()):.3f} ms")
         for kname, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
             print(f"   {ms:8.3f}  {kname[:110]}")
+    print(f"one call at a time (median of {max(args.reps, 10)}): event wall / GPU span / kernels ms")
+    for name, fn in modes.items():
+        wall, span, kern = call_spans(fn, max(args.reps, 10))
+        print(f"   {wall:8.3f} / {span:8.3f} / {kern:8.3f}  {name}")
 
 
 if __name__ == "__main__":
