@@ -267,8 +267,12 @@ Decision can_implement(const BwdProblem& p) {
   // dimension (64 keys per block at least).
   const int64_t sq_r = round_up(p.seqlen_q, kSeqRound), sk_r = round_up(p.seqlen_k, kSeqRound);
   const int64_t tiles = round_up(p.seqlen_k, 64) / 64 * int64_t(p.heads_q) * p.batch;
+  // (and the tile classes of every mask instance: the main kernel indexes them with an int)
+  const int64_t mask_tiles = int64_t(mask_instances_batch(p)) * mask_instances_heads(p) *
+                             (round_up(p.seqlen_q, 64) / 64) * (round_up(p.seqlen_k, 64) / 64);
   const bool mask_grid_too_large = p.mask_kind != 0 && (mask_instances_batch(p) > 65535 ||
-                                                        mask_instances_heads(p) > 65535);
+                                                        mask_instances_heads(p) > 65535 ||
+                                                        mask_tiles > INT_MAX);
   if (sq_r > INT_MAX || sk_r > INT_MAX || tiles > INT_MAX || mask_grid_too_large) {
     return unsupported(kReasonTooLarge, cat("B = ", p.batch, ", Hq = ", p.heads_q, ", Sq = ",
                                             p.seqlen_q, ", Sk = ", p.seqlen_k));

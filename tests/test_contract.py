@@ -118,6 +118,28 @@ def test_policy_and_kernel_contract_agree(name, expected, monkeypatch):
     assert _runtime_verdict(q, k, v, go) == expected
 
 
+@needs_C
+@pytest.mark.parametrize("mask_batch,served", [(B, False), (1, True)], ids=["per batch", "broadcast"])
+def test_mask_tile_grid_beyond_int_is_refused(mask_batch, served):
+    """The masked main kernel indexes the tile classes of every mask instance with an int: a
+    problem whose mask tile grid (instances x 64-row blocks x 64-key blocks, at most) passes
+    INT_MAX is refused as too large; the same sizes with a mask broadcast over the batch (one
+    instance) are not. Sizes only: the problem's numbers are set past what any tensor here has."""
+    q, k, v, go = _layout("bhsd")
+    mask = torch.ones(mask_batch, 1, S, S, dtype=torch.bool).expand(B, HQ, S, S)
+    out, lse = torch.empty_like(q), torch.empty(B, HQ, S)
+    problem = cb.problem_of(go, q, k, v, out, lse, False, False, torch.empty_like(q),
+                            torch.empty_like(k), torch.empty_like(v), attn_mask=mask)
+    problem.cc_major, problem.cc_minor = 9, 0
+    assert C.can_implement(problem).verdict == "served"
+    problem.seqlen_q = problem.seqlen_k = 1 << 21  # (2^21 / 64)^2 = 2^30 tiles per instance
+    d = C.can_implement(problem)
+    if served:
+        assert d.verdict != "unsupported" or d.reason != "sizes exceed the kernel's int32 indexing", d
+    else:
+        assert d.verdict == "unsupported" and d.reason == "sizes exceed the kernel's int32 indexing", d
+
+
 @requires_sm90
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,expected", TABLE, ids=[t[0] for t in TABLE])

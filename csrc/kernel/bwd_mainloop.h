@@ -355,13 +355,20 @@ struct BwdMainloop {
   // The m-blocks of [m_min, m_max) a CTA visits, skipping tiles that are empty under the mask:
   // ascending, or descending in deterministic mode. The producer, the dQ writer and the MMA
   // warpgroups walk the same sequence: first_m_block, then following_m_block until it is -1.
+  // (tile: the class of the block returned, from the same load; kTileFull without a mask)
   CUTE_DEVICE static int walk_m_blocks(Params const& params, unsigned char const* classes, int m,
-                                       int m_min, int m_max) {
+                                       int m_min, int m_max, int& tile) {
     int const step = params.m_descending ? -1 : 1;
+    tile = kTileFull;
     if (classes != nullptr) {
-      while (m >= m_min && m < m_max && classes[m] == kTileEmpty) { m += step; }
+      while (m >= m_min && m < m_max && (tile = classes[m]) == kTileEmpty) { m += step; }
     }
     return (m >= m_min && m < m_max) ? m : -1;
+  }
+  CUTE_DEVICE static int walk_m_blocks(Params const& params, unsigned char const* classes, int m,
+                                       int m_min, int m_max) {
+    int tile;
+    return walk_m_blocks(params, classes, m, m_min, m_max, tile);
   }
   CUTE_DEVICE static int first_m_block(Params const& params, unsigned char const* classes, int m_min,
                                        int m_max) {
@@ -370,6 +377,10 @@ struct BwdMainloop {
   CUTE_DEVICE static int following_m_block(Params const& params, unsigned char const* classes, int m,
                                            int m_min, int m_max) {
     return walk_m_blocks(params, classes, params.m_descending ? m - 1 : m + 1, m_min, m_max);
+  }
+  CUTE_DEVICE static int following_m_block(Params const& params, unsigned char const* classes, int m,
+                                           int m_min, int m_max, int& tile) {
+    return walk_m_blocks(params, classes, params.m_descending ? m - 1 : m + 1, m_min, m_max, tile);
   }
 
   // ---------------- producer warp ----------------
@@ -823,12 +834,18 @@ struct BwdMainloop {
       m_mask_end = cute::min(m_max, (n_block_end - 1 + kBlockM - 1) / kBlockM);
     }
     if constexpr (kMasked) {
-      // the tile classes' row, rebuilt where used (not a 64-bit value live across the loop)
-      auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
+      // The tile classes' row: its offset in tile_class is an int (computed once, one register;
+      // run() checks the tile grid fits), its address rebuilt from it where used (a 64-bit
+      // value live across the loop cost registers; the full index math per use cost ~25
+      // uniform instructions per step, ncu at d128 2k). Each step's class comes from the same
+      // load as the walk's (one class load per step, after the step: loads moved before the
+      // step's MMAs delayed them, branch class-prefetch).
+      int const row_offset = int(first_tile_index(params, n_block, bidh, bidb));
+      auto classes = [&] { return params.tile_class + launder_int(row_offset); };
+      int tile = classes()[m_first];
       CUTLASS_PRAGMA_NO_UNROLL
       for (int m_block = m_first; m_block >= 0;
-           m_block = following_m_block(params, classes(), m_block, m_min, m_max)) {
-        int const tile = classes()[m_block];
+           m_block = following_m_block(params, classes(), m_block, m_min, m_max, tile)) {
         if (tile == kTilePartialBits) {
           bwd_step(m_block, cute::Int<kMaskBits>{});  // (its bits came with its Q stage)
         } else if (tile == kTilePartial) {
