@@ -1,10 +1,13 @@
 // Preprocess and postprocess kernels of the attention backward. See prepost.h for the contract.
 //
 // Both kernels map a group of G threads (G a power of two, 1..32, aligned inside a warp) to one
-// row of D elements and walk the rows with a grid-stride loop, so the grid stays small whatever
-// B * H * S is (the big product lives in the loop, never in gridDim.y/z). Rows are read and
-// written with 16-byte vectors when the pointers and every stride that matters allow it (checked
-// on the host for each launch); otherwise the scalar path handles any element alignment.
+// row of D elements. A CTA takes chunks of kChunkRows consecutive rows of one (batch, head) in
+// a grid-stride loop, so the grid stays small whatever B * H * S is (the big product lives in
+// the loop, never in gridDim.y/z) and the (batch, head, row) of a row comes from one division
+// per chunk, not per row (64-bit divisions per row cost about a quarter of the issue slots).
+// Rows are read and written with 16-byte vectors when the pointers and every stride that
+// matters allow it (checked on the host for each launch); otherwise the scalar path handles
+// any element alignment.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -21,6 +24,8 @@ namespace sm90_sdpa {
 namespace {
 
 constexpr int kThreads = 256;
+// rows of one (batch, head) per chunk of work (the workspaces' row counts are multiples of it)
+constexpr int kChunkRows = kSeqRound;
 
 // ---- small conversion helpers -------------------------------------------------------------
 
@@ -87,12 +92,13 @@ struct PreArgs {
   float* dpsum;
   float* lse_log2;
   float* dq_accum;
-  float* dk_accum;  // may be null (then rows_kv == 0)
+  float* dk_accum;  // may be null (then chunks_kv == 0)
   float* dv_accum;
-  int heads_q, seqlen_q, seqlen_q_rounded, head_dim, head_dim_v;
-  int64_t rows_q;   // B * Hq * Sq_rounded
-  int64_t rows_kv;  // B * Hkv * Sk_rounded when the kv accumulators are zeroed, else 0
-  int group_log2;   // G = 1 << group_log2 threads per row
+  int heads_q, seqlen_q, seqlen_q_rounded, seqlen_k_rounded, head_dim, head_dim_v;
+  int64_t chunks_q;   // B * Hq * ceil(Sq_rounded / kChunkRows)
+  int64_t chunks_kv;  // B * Hkv * ceil(Sk_rounded / kChunkRows) when the kv accumulators are
+                      // zeroed, else 0
+  int group_log2;     // G = 1 << group_log2 threads per row
   // additive masks: the first bounds_ctas CTAs of the launch compute the score bounds' shares
   // (mask_bounds.h) while the rest run the preprocess: one launch, the reads overlapping
   int bounds_ctas;
@@ -122,61 +128,63 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreArgs 
     blocks -= a.bounds_ctas;
   }
   const int group = 1 << a.group_log2;
-  const int64_t tid = int64_t(block) * blockDim.x + threadIdx.x;
-  const int lane = int(tid & (group - 1));
-  const int64_t my_group = tid >> a.group_log2;
-  const int64_t num_groups = (int64_t(blocks) * blockDim.x) >> a.group_log2;
-  // first group of this warp: the loop condition below is the same for the whole warp, so
-  // every lane reaches the shuffles of every iteration
-  const int64_t warp_first_group = (tid & ~int64_t(31)) >> a.group_log2;
-  const int64_t total = a.rows_q + a.rows_kv;
+  const int lane = threadIdx.x & (group - 1);
+  // rows of a chunk: slot, slot + per_pass, ...; every group of a warp makes the same number
+  // of passes (kChunkRows is a multiple of per_pass, or a whole warp's slots are >= it), so
+  // every lane reaches the shuffles of every pass
+  const int slot = threadIdx.x >> a.group_log2;
+  const int per_pass = kThreads >> a.group_log2;
+  const int chunks_per_bh_q = (a.seqlen_q_rounded + kChunkRows - 1) / kChunkRows;
+  const int chunks_per_bh_kv = (a.seqlen_k_rounded + kChunkRows - 1) / kChunkRows;
 
-  for (int64_t it = 0; warp_first_group + it * num_groups < total; ++it) {
-    const int64_t row = my_group + it * num_groups;
-    float partial = 0.f;
-    int64_t s = 0, bh = 0;
-    if (row < a.rows_q) {
-      s = row % a.seqlen_q_rounded;
-      bh = row / a.seqlen_q_rounded;
-      zero_row(a.dq_accum + row * a.head_dim, a.head_dim, lane, group, kVecAcc);
-      if (s < a.seqlen_q) {
-        const int64_t h = bh % a.heads_q, b = bh / a.heads_q;
-        const T* o = static_cast<const T*>(a.out) + b * a.out_sb + h * a.out_sh + s * a.out_sr;
-        const T* g =
-            static_cast<const T*>(a.dout) + b * a.dout_sb + h * a.dout_sh + s * a.dout_sr;
-        if (kVecIn) {
-          const uint4* o4 = reinterpret_cast<const uint4*>(o);
-          const uint4* g4 = reinterpret_cast<const uint4*>(g);
-          for (int c = lane; c < a.head_dim_v / 8; c += group) {
-            partial += dot8<T>(__ldg(o4 + c), __ldg(g4 + c));
-          }
-        } else {
-          for (int c = lane; c < a.head_dim_v; c += group) {
-            partial = fmaf(to_float(o[c]), to_float(g[c]), partial);
+  for (int64_t chunk = block; chunk < a.chunks_q + a.chunks_kv; chunk += blocks) {
+    if (chunk < a.chunks_q) {
+      const int64_t bh = chunk / chunks_per_bh_q;
+      const int s0 = int(chunk - bh * chunks_per_bh_q) * kChunkRows;
+      const int64_t h = bh % a.heads_q, b = bh / a.heads_q;
+      const T* o_bh = static_cast<const T*>(a.out) + b * a.out_sb + h * a.out_sh;
+      const T* g_bh = static_cast<const T*>(a.dout) + b * a.dout_sb + h * a.dout_sh;
+      const int64_t row0 = bh * a.seqlen_q_rounded;  // of the fp32 q-side workspaces
+#pragma unroll 2
+      for (int r = slot; r < kChunkRows; r += per_pass) {
+        const int s = s0 + r;  // < seqlen_q_rounded, a multiple of kChunkRows (checked by the host)
+        float partial = 0.f;
+        zero_row(a.dq_accum + (row0 + s) * a.head_dim, a.head_dim, lane, group, kVecAcc);
+        if (s < a.seqlen_q) {
+          const T* o = o_bh + s * a.out_sr;
+          const T* g = g_bh + s * a.dout_sr;
+          if (kVecIn) {
+            const uint4* o4 = reinterpret_cast<const uint4*>(o);
+            const uint4* g4 = reinterpret_cast<const uint4*>(g);
+            for (int c = lane; c < a.head_dim_v / 8; c += group) {
+              partial += dot8<T>(__ldg(o4 + c), __ldg(g4 + c));
+            }
+          } else {
+            for (int c = lane; c < a.head_dim_v; c += group) {
+              partial = fmaf(to_float(o[c]), to_float(g[c]), partial);
+            }
           }
         }
+        // reduce inside the group (groups are aligned blocks of lanes, so xor stays inside)
+        for (int off = group >> 1; off > 0; off >>= 1) {
+          partial += __shfl_xor_sync(0xffffffffu, partial, off);
+        }
+        if (lane == 0) {
+          const bool live = s < a.seqlen_q;
+          a.dpsum[row0 + s] = live ? partial : 0.f;
+          a.lse_log2[row0 + s] = live ? lse_log2_of(a.lse[b * a.lse_sb + h * a.lse_sh + s * a.lse_sr])
+                                      : INFINITY;
+        }
       }
-    } else if (row < total) {
-      const int64_t r = row - a.rows_q;
-      zero_row(a.dk_accum + r * a.head_dim, a.head_dim, lane, group, kVecAcc);
-      zero_row(a.dv_accum + r * a.head_dim_v, a.head_dim_v, lane, group, kVecAcc);
-    }
-    // reduce inside the group (groups are aligned blocks of lanes, so xor stays inside)
-    for (int off = group >> 1; off > 0; off >>= 1) {
-      partial += __shfl_xor_sync(0xffffffffu, partial, off);
-    }
-    if (lane == 0 && row < a.rows_q) {
-      float d, l2;
-      if (s < a.seqlen_q) {
-        const int64_t h = bh % a.heads_q, b = bh / a.heads_q;
-        d = partial;
-        l2 = lse_log2_of(a.lse[b * a.lse_sb + h * a.lse_sh + s * a.lse_sr]);
-      } else {
-        d = 0.f;
-        l2 = INFINITY;
+    } else {
+      const int64_t c = chunk - a.chunks_q;
+      const int64_t bh = c / chunks_per_bh_kv;
+      const int s0 = int(c - bh * chunks_per_bh_kv) * kChunkRows;
+      const int64_t row0 = bh * a.seqlen_k_rounded;
+      for (int r = slot; r < kChunkRows && s0 + r < a.seqlen_k_rounded; r += per_pass) {
+        zero_row(a.dk_accum + (row0 + s0 + r) * a.head_dim, a.head_dim, lane, group, kVecAcc);
+        zero_row(a.dv_accum + (row0 + s0 + r) * a.head_dim_v, a.head_dim_v, lane, group, kVecAcc);
       }
-      a.dpsum[row] = d;
-      a.lse_log2[row] = l2;
     }
   }
 }
@@ -192,7 +200,7 @@ struct PostJob {
   float factor;
   int vec;         // 16-byte path allowed
   int group_log2;  // threads per row
-  int64_t rows;    // B * H * S
+  int64_t chunks;  // B * H * ceil(S / kChunkRows)
 };
 
 struct PostArgs {
@@ -203,41 +211,50 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) bwd_postprocess_kernel(const PostArgs a) {
   const PostJob j = a.job[blockIdx.y];
   const int group = 1 << j.group_log2;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int lane = int(tid & (group - 1));
-  const int64_t num_groups = (int64_t(gridDim.x) * blockDim.x) >> j.group_log2;
-  for (int64_t row = tid >> j.group_log2; row < j.rows; row += num_groups) {
-    const int64_t s = row % j.seqlen, bh = row / j.seqlen;
+  const int lane = threadIdx.x & (group - 1);
+  const int slot = threadIdx.x >> j.group_log2;
+  const int per_pass = kThreads >> j.group_log2;
+  const int chunks_per_bh = (j.seqlen + kChunkRows - 1) / kChunkRows;
+  const int64_t head_step = int64_t(j.seqlen_rounded) * j.dim;  // between summed heads
+  for (int64_t chunk = blockIdx.x; chunk < j.chunks; chunk += gridDim.x) {
+    const int64_t bh = chunk / chunks_per_bh;
+    const int s0 = int(chunk - bh * chunks_per_bh) * kChunkRows;
     const int64_t h = bh % j.heads, b = bh / j.heads;
-    const float* src = j.acc + (bh * j.sum_heads * j.seqlen_rounded + s) * j.dim;
-    const int64_t head_step = int64_t(j.seqlen_rounded) * j.dim;  // between summed heads
-    T* dst = static_cast<T*>(j.out) + b * j.sb + h * j.sh + s * j.sr;
-    if (j.vec) {
-      const float4* src4 = reinterpret_cast<const float4*>(src);
-      uint4* dst4 = reinterpret_cast<uint4*>(dst);
-      for (int c = lane; c < j.dim / 8; c += group) {
-        float4 x0 = __ldcs(src4 + 2 * c);  // read once: streaming
-        float4 x1 = __ldcs(src4 + 2 * c + 1);
-        for (int g = 1; g < j.sum_heads; ++g) {  // a fixed order: bitwise repeatable
-          const float4* more = reinterpret_cast<const float4*>(src + g * head_step);
-          const float4 y0 = __ldcs(more + 2 * c), y1 = __ldcs(more + 2 * c + 1);
-          x0 = make_float4(x0.x + y0.x, x0.y + y0.y, x0.z + y0.z, x0.w + y0.w);
-          x1 = make_float4(x1.x + y1.x, x1.y + y1.y, x1.z + y1.z, x1.w + y1.w);
+    const float* src_bh = j.acc + bh * j.sum_heads * head_step;
+    T* dst_bh = static_cast<T*>(j.out) + b * j.sb + h * j.sh;
+#pragma unroll 2
+    for (int r = slot; r < kChunkRows; r += per_pass) {
+      const int s = s0 + r;
+      if (s >= j.seqlen) break;  // (no shuffles here: lanes may leave on their own)
+      const float* src = src_bh + int64_t(s) * j.dim;
+      T* dst = dst_bh + s * j.sr;
+      if (j.vec) {
+        const float4* src4 = reinterpret_cast<const float4*>(src);
+        uint4* dst4 = reinterpret_cast<uint4*>(dst);
+        for (int c = lane; c < j.dim / 8; c += group) {
+          float4 x0 = __ldcs(src4 + 2 * c);  // read once: streaming
+          float4 x1 = __ldcs(src4 + 2 * c + 1);
+          for (int g = 1; g < j.sum_heads; ++g) {  // a fixed order: bitwise repeatable
+            const float4* more = reinterpret_cast<const float4*>(src + g * head_step);
+            const float4 y0 = __ldcs(more + 2 * c), y1 = __ldcs(more + 2 * c + 1);
+            x0 = make_float4(x0.x + y0.x, x0.y + y0.y, x0.z + y0.z, x0.w + y0.w);
+            x1 = make_float4(x1.x + y1.x, x1.y + y1.y, x1.z + y1.z, x1.w + y1.w);
+          }
+          uint4 y;
+          using V2 = typename Vec2<T>::type;
+          V2* py = reinterpret_cast<V2*>(&y);
+          py[0] = from_float2<T>(x0.x * j.factor, x0.y * j.factor);
+          py[1] = from_float2<T>(x0.z * j.factor, x0.w * j.factor);
+          py[2] = from_float2<T>(x1.x * j.factor, x1.y * j.factor);
+          py[3] = from_float2<T>(x1.z * j.factor, x1.w * j.factor);
+          dst4[c] = y;
         }
-        uint4 y;
-        using V2 = typename Vec2<T>::type;
-        V2* py = reinterpret_cast<V2*>(&y);
-        py[0] = from_float2<T>(x0.x * j.factor, x0.y * j.factor);
-        py[1] = from_float2<T>(x0.z * j.factor, x0.w * j.factor);
-        py[2] = from_float2<T>(x1.x * j.factor, x1.y * j.factor);
-        py[3] = from_float2<T>(x1.z * j.factor, x1.w * j.factor);
-        dst4[c] = y;
-      }
-    } else {
-      for (int c = lane; c < j.dim; c += group) {
-        float x = src[c];
-        for (int g = 1; g < j.sum_heads; ++g) x += src[g * head_step + c];
-        dst[c] = from_float<T>(x * j.factor);
+      } else {
+        for (int c = lane; c < j.dim; c += group) {
+          float x = src[c];
+          for (int g = 1; g < j.sum_heads; ++g) x += src[g * head_step + c];
+          dst[c] = from_float<T>(x * j.factor);
+        }
       }
     }
   }
@@ -266,33 +283,47 @@ inline int group_log2_for(int units) {
   return l > 5 ? 5 : l;
 }
 
-inline unsigned grid_for(int64_t rows, int group_log2, int num_sms) {
-  const int64_t groups_per_block = kThreads >> group_log2;
-  int64_t blocks = (rows + groups_per_block - 1) / groups_per_block;
-  const int64_t cap = (num_sms > 0 ? int64_t(num_sms) : 132) * 8;  // ~2048 threads per SM
-  if (blocks > cap) blocks = cap;
-  if (blocks < 1) blocks = 1;
-  return unsigned(blocks);
+// CTAs of `kernel` resident on one SM (call once per kernel: the callers keep it in a static).
+template <class Kernel>
+int blocks_per_sm(Kernel kernel) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0) != cudaSuccess || n < 1) {
+    cudaGetLastError();  // (not the launch's error to report)
+    n = 1;
+  }
+  return n;
+}
+
+// One CTA per chunk, at most one wave (the rest in the grid-stride loop): a grid beyond what
+// is resident at once (48 registers a thread fit 5 CTAs of 256 on an SM, not 8) ran a second,
+// partial wave of CTAs each with a whole share of the loop.
+inline unsigned grid_for_chunks(int64_t chunks, int per_sm, int num_sms) {
+  const int64_t cap = (num_sms > 0 ? int64_t(num_sms) : 132) * per_sm;
+  return unsigned(chunks < 1 ? 1 : chunks > cap ? cap : chunks);
 }
 
 template <typename T, bool kVecIn, bool kVecAcc>
-void launch_pre(const PreArgs& a, unsigned grid, cudaStream_t stream) {
+void launch_pre(const PreArgs& a, int num_sms, cudaStream_t stream) {
+  const int64_t chunks = a.chunks_q + a.chunks_kv;
   if (a.bounds_ctas > 0) {
-    bwd_preprocess_kernel<T, kVecIn, kVecAcc, true><<<grid + a.bounds_ctas, kThreads, 0, stream>>>(a);
+    auto* kernel = bwd_preprocess_kernel<T, kVecIn, kVecAcc, true>;
+    static const int per_sm = blocks_per_sm(kernel);
+    kernel<<<grid_for_chunks(chunks, per_sm, num_sms) + a.bounds_ctas, kThreads, 0, stream>>>(a);
   } else {
-    bwd_preprocess_kernel<T, kVecIn, kVecAcc, false><<<grid, kThreads, 0, stream>>>(a);
+    auto* kernel = bwd_preprocess_kernel<T, kVecIn, kVecAcc, false>;
+    static const int per_sm = blocks_per_sm(kernel);
+    kernel<<<grid_for_chunks(chunks, per_sm, num_sms), kThreads, 0, stream>>>(a);
   }
 }
 
 template <typename T>
-void dispatch_pre(const PreArgs& a, bool vec_in, bool vec_acc, unsigned grid,
-                  cudaStream_t stream) {
+void dispatch_pre(const PreArgs& a, bool vec_in, bool vec_acc, int num_sms, cudaStream_t stream) {
   if (vec_in) {
-    if (vec_acc) launch_pre<T, true, true>(a, grid, stream);
-    else launch_pre<T, true, false>(a, grid, stream);
+    if (vec_acc) launch_pre<T, true, true>(a, num_sms, stream);
+    else launch_pre<T, true, false>(a, num_sms, stream);
   } else {
-    if (vec_acc) launch_pre<T, false, true>(a, grid, stream);
-    else launch_pre<T, false, false>(a, grid, stream);
+    if (vec_acc) launch_pre<T, false, true>(a, num_sms, stream);
+    else launch_pre<T, false, false>(a, num_sms, stream);
   }
 }
 
@@ -323,12 +354,13 @@ void run_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   a.seqlen_q_rounded = p.seqlen_q_rounded;
   a.head_dim = p.head_dim;
   a.head_dim_v = p.head_dim_v;
-  a.rows_q = bh_q * p.seqlen_q_rounded;
+  a.seqlen_k_rounded = p.seqlen_k_rounded;
+  a.chunks_q = bh_q * ((p.seqlen_q_rounded + kChunkRows - 1) / kChunkRows);
   // (deterministic GQA stores every per-q-head tile: nothing to zero)
-  a.rows_kv = (p.dk_accum != nullptr && p.dv_accum != nullptr && !p.deterministic)
-                  ? int64_t(p.batch) * p.heads_kv * p.seqlen_k_rounded
-                  : 0;
-  if (a.rows_q + a.rows_kv <= 0) return;
+  a.chunks_kv = (p.dk_accum != nullptr && p.dv_accum != nullptr && !p.deterministic)
+                    ? int64_t(p.batch) * p.heads_kv * ((p.seqlen_k_rounded + kChunkRows - 1) / kChunkRows)
+                    : 0;
+  if (a.chunks_q + a.chunks_kv <= 0) return;
 
   const bool vec_in = p.head_dim_v % 8 == 0 && aligned16(p.out) && aligned16(p.dout) &&
                       strides_aligned16(2, p.out_batch_stride, p.batch, p.out_head_stride,
@@ -336,16 +368,15 @@ void run_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
                       strides_aligned16(2, p.dout_batch_stride, p.batch, p.dout_head_stride,
                                         p.heads_q, p.dout_row_stride, p.seqlen_q);
   bool vec_acc = p.head_dim % 4 == 0 && aligned16(p.dq_accum);
-  if (a.rows_kv > 0) {
+  if (a.chunks_kv > 0) {
     vec_acc = vec_acc && p.head_dim_v % 4 == 0 && aligned16(p.dk_accum) && aligned16(p.dv_accum);
   }
   a.group_log2 = group_log2_for(vec_in ? p.head_dim_v / 8 : p.head_dim_v);
-  const unsigned grid = grid_for(a.rows_q + a.rows_kv, a.group_log2, p.num_sms);
   if (!mask_bounds::plan(p, a.bounds, a.bounds_ctas)) a.bounds_ctas = 0;
   if (p.dtype == DType::kFloat16) {
-    dispatch_pre<__half>(a, vec_in, vec_acc, grid, stream);
+    dispatch_pre<__half>(a, vec_in, vec_acc, p.num_sms, stream);
   } else {
-    dispatch_pre<__nv_bfloat16>(a, vec_in, vec_acc, grid, stream);
+    dispatch_pre<__nv_bfloat16>(a, vec_in, vec_acc, p.num_sms, stream);
   }
 }
 
@@ -366,11 +397,11 @@ void run_bwd_postprocess(const BwdParams& p, cudaStream_t stream) {
     j.dim = dim;
     j.factor = factor;
     j.sum_heads = sum_heads;
-    j.rows = int64_t(p.batch) * heads * seqlen;
+    j.chunks = int64_t(p.batch) * heads * ((seqlen + kChunkRows - 1) / kChunkRows);
     j.vec = dim % 8 == 0 && aligned16(acc) && aligned16(out) &&
             strides_aligned16(2, sb, p.batch, sh, heads, sr, seqlen);
     j.group_log2 = group_log2_for(j.vec ? dim / 8 : dim);
-    if (j.rows > 0 && dim > 0) ++num_jobs;
+    if (j.chunks > 0 && dim > 0) ++num_jobs;
   };
   add_job(p.dq_accum, p.dq, p.dq_batch_stride, p.dq_head_stride, p.dq_row_stride, p.heads_q,
           p.seqlen_q, p.seqlen_q_rounded, p.head_dim, p.scale, 1);
@@ -383,16 +414,17 @@ void run_bwd_postprocess(const BwdParams& p, cudaStream_t stream) {
             p.seqlen_k, p.seqlen_k_rounded, p.head_dim_v, 1.0f, group);
   }
   if (num_jobs == 0) return;
-  unsigned grid = 1;
-  for (int i = 0; i < num_jobs; ++i) {
-    const unsigned g = grid_for(a.job[i].rows, a.job[i].group_log2, p.num_sms);
-    if (g > grid) grid = g;
-  }
-  const dim3 grid_dim(grid, unsigned(num_jobs), 1);
+  int64_t chunks = 1;
+  for (int i = 0; i < num_jobs; ++i) chunks = a.job[i].chunks > chunks ? a.job[i].chunks : chunks;
+  // (dq's CTAs come first; the smaller GQA dk / dv jobs take the slots they free)
   if (p.dtype == DType::kFloat16) {
-    bwd_postprocess_kernel<__half><<<grid_dim, kThreads, 0, stream>>>(a);
+    auto* kernel = bwd_postprocess_kernel<__half>;
+    static const int per_sm = blocks_per_sm(kernel);
+    kernel<<<dim3(grid_for_chunks(chunks, per_sm, p.num_sms), num_jobs), kThreads, 0, stream>>>(a);
   } else {
-    bwd_postprocess_kernel<__nv_bfloat16><<<grid_dim, kThreads, 0, stream>>>(a);
+    auto* kernel = bwd_postprocess_kernel<__nv_bfloat16>;
+    static const int per_sm = blocks_per_sm(kernel);
+    kernel<<<dim3(grid_for_chunks(chunks, per_sm, p.num_sms), num_jobs), kThreads, 0, stream>>>(a);
   }
 }
 
