@@ -6,11 +6,15 @@ aten backward ops called on saved forward outputs, ours through
 torch.ops.torch_sm90_sdpa.sdpa_backward (preprocess + main kernel + postprocess + op overhead).
 
 Grid of the FlashAttention papers: bf16, 16k tokens per batch (b = 16384 / s), hidden 2048
-(h = 2048 / d), head dims 64 / 128 / 256, causal and full, s = 512 .. 16k; plus a GQA row.
-FLOPs = 2.5 * 4 * b * h * s^2 * d, halved when causal.
+(h = 2048 / d), head dims 64 / 128 / 256, causal and full, s = 512 .. 16k; plus a GQA row
+(d128 causal 8k, 32 q / 8 kv heads). FLOPs = 2.5 * 4 * b * h * s^2 * d, halved when causal.
+--extra adds the rows issue 8 also asks for: GQA 32 q / 4 and 32 q / 1 kv heads, head dims 96
+and 192, fp16 at d128, and odd lengths (1000 and 4097 keys) at d128 (see extra_rows).
+Per row: TFLOP/s of every backend, ours over each stock backend and over the best of them; last,
+the geometric means of those ratios.
 
     python benchmarks/bench_bwd.py [--quick] [--dims 64,128,256] [--seqs 512,...] [--reps 10]
-                                   [--json OUT]
+                                   [--extra] [--no-gqa] [--json OUT]
 
 --json writes the rows (TFLOP/s per backend) in the format tools/speed_table.py reads to
 regenerate the speed gate's table (torch_sm90_sdpa/speed_table.py).
@@ -150,15 +154,61 @@ def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check):
     ms = time_interleaved(fns, reps)
     flops = 2.5 * 4 * b * hq * s * s * d / (2 if causal else 1)
     tf = {n: flops / (t * 1e-3) / 1e12 for n, t in ms.items()}
-    best = max((tf[n] for n in STOCK if n in tf), default=float("nan"))
-    ratio = tf.get("ours", float("nan")) / best if best == best else float("nan")
+    ratios = ours_over_stock(tf)
     cells = "  ".join(f"{tf[n]:6.0f}" if n in tf else f"{'-':>6}" for n in BACKENDS)
-    print(f"{label:34s} {cells}   {ratio:5.2f}  {'; '.join(notes)}", flush=True)
+    rcells = "  ".join(f"{ratios[n]:5.2f}" if n in ratios else f"{'-':>5}" for n in RATIO_KEYS)
+    print(f"{label:40s} {cells}   {rcells}  {'; '.join(notes)}", flush=True)
     ROWS.append(dict(head_dim=d, causal=causal, seqlen=s, batch=b, heads=hq, kv_heads=hkv,
-                     masked=False, tflops=tf))
+                     masked=False, dtype=DTYPE_NAMES[dtype], tflops=tf))
     del q, k, v, dout, fns
     torch.cuda.empty_cache()
-    return ratio
+    return ratios
+
+
+RATIO_KEYS = ("best",) + STOCK  # the ratio columns: ours over the best stock, then over each
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def ours_over_stock(tf):
+    """{"best" and each stock backend measured: ours' TFLOP/s over theirs} of one row's TFLOP/s
+    per backend; empty without ours."""
+    if not tf.get("ours", 0) > 0:
+        return {}
+    r = {n: tf["ours"] / tf[n] for n in STOCK if tf.get(n, 0) > 0}
+    if r:
+        r["best"] = tf["ours"] / max(tf[n] for n in STOCK if tf.get(n, 0) > 0)
+    return r
+
+
+def geomeans(ratios):
+    """{key: (geometric mean, rows)} over a list of ours_over_stock dicts, per key."""
+    out = {}
+    for key in RATIO_KEYS:
+        vals = [r[key] for r in ratios if key in r and r[key] > 0]
+        if vals:
+            out[key] = (math.exp(sum(map(math.log, vals)) / len(vals)), len(vals))
+    return out
+
+
+def extra_rows(quick=False, gqa=True):
+    """The rows beyond the grid that issue 8 asks for, as (label, b, hq, hkv, s, d, causal,
+    dtype): GQA d128 causal 8k with 32 q / 4 and 32 q / 1 kv heads; head dims 96 and 192 and
+    fp16 at d128 (full and causal, 2k and 8k keys; 2k only with quick); d128 at 1000 and 4097
+    keys (odd lengths: partial last blocks). 16k tokens per batch and hidden 2048 as the grid."""
+    bf16, fp16 = torch.bfloat16, torch.float16
+    rows = []
+    if gqa:
+        for hkv in (4, 1):
+            rows.append((f"GQA d=128 causal s=8192 32q/{hkv}kv b=2", 2, 32, hkv, 8192, 128, True, bf16))
+    seqs = (2048,) if quick else (2048, 8192)
+    cases = [(d, bf16, s) for d in (96, 192) for s in seqs] + [(128, fp16, s) for s in seqs]
+    cases += [(128, bf16, s) for s in (1000, 4097)]
+    for d, dtype, s in cases:
+        for causal in (False, True):
+            b, h = max(1, 16384 // s), 2048 // d
+            rows.append((f"{DTYPE_NAMES[dtype]} d={d} {'causal' if causal else 'full  '} s={s:<5d} b={b} h={h}",
+                         b, h, h, s, d, causal, dtype))
+    return rows
 
 
 def grid_parser(doc):
@@ -196,23 +246,26 @@ def grid(a):
 def main():
     ap = grid_parser(__doc__)
     ap.add_argument("--check", action="store_true", help="also compare gradients with cuDNN's")
+    ap.add_argument("--extra", action="store_true",
+                    help="also GQA 32/4 and 32/1, d96 / d192, fp16 and odd-length rows (extra_rows)")
     ap.add_argument("--json", help="write the rows here (input of tools/speed_table.py)")
     a = ap.parse_args()
     g = grid(a)
     if g is None:
         return 1
     reps, rows = g
-    dtype = torch.bfloat16
-    print(f"{'row':34s} " + "  ".join(f"{n:>6s}" for n in BACKENDS) + "   ours/best-stock")
-    ratios = [run_row(label, b, h, h, s, d, causal, dtype, reps, a.check)
-              for label, b, h, s, d, causal in rows]
+    bf16 = torch.bfloat16
+    rows = [(label, b, h, h, s, d, causal, bf16) for label, b, h, s, d, causal in rows]
     if not a.no_gqa:
-        r = run_row("GQA d=128 causal s=8192 32q/8kv b=2", 2, 32, 8, 8192, 128, True, dtype, reps, a.check)
-        ratios.append(r)
-    good = [r for r in ratios if r == r and r > 0]
-    if good:
-        print(f"geometric mean of ours / best stock: {math.exp(sum(map(math.log, good)) / len(good)):.3f} "
-              f"over {len(good)} rows")
+        rows.append(("GQA d=128 causal s=8192 32q/8kv b=2", 2, 32, 8, 8192, 128, True, bf16))
+    if a.extra:
+        rows += extra_rows(a.quick, gqa=not a.no_gqa)
+    print(f"{'row':40s} " + "  ".join(f"{n:>6s}" for n in BACKENDS) + "   "
+          + "  ".join(f"{'/' + n[:4]:>5s}" for n in RATIO_KEYS) + "  (ours over)")
+    ratios = [run_row(label, b, hq, hkv, s, d, causal, dtype, reps, a.check)
+              for label, b, hq, hkv, s, d, causal, dtype in rows]
+    for key, (g_mean, n) in geomeans(ratios).items():
+        print(f"geometric mean of ours / {'best stock' if key == 'best' else key}: {g_mean:.3f} over {n} rows")
     if a.json:
         write_json(a.json, "bench_bwd", ROWS)
     return 0

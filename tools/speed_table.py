@@ -33,6 +33,8 @@ def rows_of(result, source):
     bench = result["meta"]["bench"]
     for r in result["rows"]:
         if bench == "bench_bwd":
+            if r.get("dtype", "bf16") != "bf16":  # the gate's rows are bf16 (fp16: informational)
+                continue
             tf = r["tflops"]
             for stock in ("cudnn", "flash", "efficient"):
                 if stock in tf and "ours" in tf and tf[stock] > 0:

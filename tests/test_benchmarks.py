@@ -1,0 +1,61 @@
+"""The benchmarks' pure parts on CPU: the rows benchmarks/bench_bwd.py plans beyond the grid,
+its ratios and geometric means, and which of its rows tools/speed_table.py takes for the gate."""
+import importlib.util
+import math
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # (bench_bwd's own imports)
+bench_bwd = _load("bench_bwd_under_test", "benchmarks/bench_bwd.py")
+speed_table_tool = _load("speed_table_tool_under_test", "tools/speed_table.py")
+
+
+def test_extra_rows_are_the_rows_issue_8_asks_for():
+    rows = bench_bwd.extra_rows()
+    gqa = {(hq, hkv) for _, _, hq, hkv, s, d, causal, _ in rows if hq != hkv}
+    assert gqa == {(32, 4), (32, 1)}
+    dims = {d for *_, d, _, _ in rows}
+    assert {96, 192, 128} <= dims
+    assert any(dtype == torch.float16 for *_, dtype in rows)
+    assert {1000, 4097} <= {s for _, _, _, _, s, *_ in rows}
+    for label, b, hq, hkv, s, d, causal, dtype in rows:
+        assert 12288 <= b * s <= 16384 and hq % hkv == 0, label  # about 16k tokens per batch
+        assert hq == 32 if hq != hkv else hq * d <= 2048, label  # GQA: 32 q heads as the grid's
+        assert ("causal" in label) == causal
+    both = {(d, s, dtype, causal) for _, _, hq, hkv, s, d, causal, dtype in rows if hq == hkv}
+    assert all((d, s, dtype, not c) in both for d, s, dtype, c in both)  # full and causal each
+    assert not any(hq != hkv for _, _, hq, hkv, *_ in bench_bwd.extra_rows(gqa=False))
+    assert len(bench_bwd.extra_rows(quick=True)) < len(rows)
+
+
+def test_ratios_and_geometric_means():
+    r = bench_bwd.ours_over_stock({"ours": 300.0, "cudnn": 400.0, "flash": 200.0})
+    assert r == {"cudnn": 0.75, "flash": 1.5, "best": 0.75}
+    assert bench_bwd.ours_over_stock({"cudnn": 400.0}) == {}
+    g = bench_bwd.geomeans([r, {"cudnn": 1.0 / 0.75, "best": 1.0}])
+    assert math.isclose(g["cudnn"][0], 1.0) and g["cudnn"][1] == 2
+    assert math.isclose(g["best"][0], math.sqrt(0.75)) and g["flash"] == (1.5, 1)
+    assert "efficient" not in g
+
+
+def test_speed_table_takes_only_bf16_rows_of_bench_bwd():
+    row = dict(head_dim=128, causal=True, seqlen=2048, batch=8, heads=16, kv_heads=16,
+               masked=False, tflops={"ours": 400.0, "cudnn": 380.0})
+    result = {"meta": {"bench": "bench_bwd"},
+              "rows": [dict(row, dtype="fp16", tflops={"ours": 100.0, "cudnn": 400.0}),
+                       dict(row, dtype="bf16"), dict(row, seqlen=4096)]}  # (old rows: no dtype)
+    got = list(speed_table_tool.rows_of(result, 0))
+    assert [(g["seqlen"], g["speedup"]) for g in got] == [(2048, round(400 / 380, 4)),
+                                                          (4096, round(400 / 380, 4))]
