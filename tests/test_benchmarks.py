@@ -59,3 +59,19 @@ def test_speed_table_takes_only_bf16_rows_of_bench_bwd():
     got = list(speed_table_tool.rows_of(result, 0))
     assert [(g["seqlen"], g["speedup"]) for g in got] == [(2048, round(400 / 380, 4)),
                                                           (4096, round(400 / 380, 4))]
+
+
+plot_bwd = _load("plot_bwd_under_test", "tools/plot_bwd.py")
+
+
+def test_plot_series_are_the_grid_rows_by_head_dim_and_length():
+    row = dict(head_dim=128, causal=False, seqlen=4096, batch=4, heads=16, kv_heads=16,
+               masked=False, tflops={"ours": 500.0, "cudnn": 520.0})
+    rows = [row, dict(row, seqlen=1024, tflops={"ours": 400.0}),
+            dict(row, causal=True, tflops={"ours": 450.0}),
+            dict(row, dtype="fp16"), dict(row, heads=32, kv_heads=8), dict(row, head_dim=64)]
+    got = plot_bwd.series(rows)
+    assert sorted(got) == [64, 128]
+    assert got[128][("ours", "full")] == [(1024, 400.0), (4096, 500.0)]  # sorted by length
+    assert got[128][("ours", "causal")] == [(4096, 450.0)]
+    assert got[128][("cudnn", "full")] == [(4096, 520.0)]  # fp16 and GQA rows left out
