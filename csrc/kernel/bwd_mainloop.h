@@ -573,9 +573,16 @@ struct BwdMainloop {
     TiledMmaSdP tiled_mma_SdP;
     TiledMmadKV tiled_mma_dKV;
     TiledMmadQ tiled_mma_dQ;
-    auto thr_SdP = tiled_mma_SdP.get_thread_slice(thread_idx);
-    auto thr_dKV = tiled_mma_dKV.get_thread_slice(thread_idx);
-    auto thr_dQ = tiled_mma_dQ.get_thread_slice(thread_idx);
+    // Slices for the shared-memory operands' descriptors only, which depend on the warpgroup
+    // alone: sliced with its first thread, made warp-uniform by a shuffle, so that ptxas can
+    // build the descriptors in uniform registers (from the per-thread index it moved them
+    // with 4 R2UR before every HGMMA: 112 per step at d128). Register fragments (C, copies)
+    // take the thread's own slice where they are used.
+    int const wg_thread0 = __shfl_sync(0xffffffffu, thread_idx / cutlass::NumThreadsPerWarpGroup, 0) *
+                           cutlass::NumThreadsPerWarpGroup;
+    auto thr_SdP = tiled_mma_SdP.get_thread_slice(wg_thread0);
+    auto thr_dKV = tiled_mma_dKV.get_thread_slice(wg_thread0);
+    auto thr_dQ = tiled_mma_dQ.get_thread_slice(wg_thread0);
 
     // Operand descriptors.
     Tensor tSrQ = mma_smem_fragment<!kSdPSwapAB>(thr_SdP, sQ);    // (.., stage)
@@ -640,7 +647,7 @@ struct BwdMainloop {
       Tensor tLSE = thr.partition_C(sLSEMma)(_, _, _, stage_q);
       if constexpr (kMode == kMaskNone) {
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) { tSrS(i) = exp2f(tSrS(i) * scale_log2 - tLSE(i)); }
+        for (int i = 0; i < size(tSrS); ++i) { tSrS(i) = exp2_ftz(tSrS(i) * scale_log2 - tLSE(i)); }
       } else if constexpr (kMode == kMaskBits) {
         Tensor tScS = thr.partition_C(make_identity_tensor(ShapeS{}));
         uint32_t const* bits = st.smem_mask_bits.data() + stage_q * kMaskBitWords;
@@ -650,7 +657,7 @@ struct BwdMainloop {
           int const q = kSdPSwapAB ? get<1>(c) : get<0>(c);
           int const k = kSdPSwapAB ? get<0>(c) : get<1>(c);
           bool const visible = (bits[q * (kBlockN / 32) + k / 32] >> (k % 32)) & 1u;
-          tSrS(i) = visible ? exp2f(tSrS(i) * scale_log2 - tLSE(i)) : 0.f;
+          tSrS(i) = visible ? exp2_ftz(tSrS(i) * scale_log2 - tLSE(i)) : 0.f;
         }
       } else {
         Tensor tScS = thr.partition_C(make_identity_tensor(ShapeS{}));
@@ -674,7 +681,7 @@ struct BwdMainloop {
               add = bias(mask_offset + int64_t(q_idx) * params.mask_row_stride +
                          int64_t(k_idx) * params.mask_col_stride);
             }
-            tSrS(i) = exp2f(tSrS(i) * scale_log2 + add - tLSE(i));
+            tSrS(i) = exp2_ftz(tSrS(i) * scale_log2 + add - tLSE(i));
           }
         };
         // (kLog2e from numeric.h: the classification's dead-bias rule assumes this very product)

@@ -21,6 +21,17 @@ enum class BwdBarrier : uint32_t {
   kEpilogue = 3, // all MMA threads: epilogue smem ordering
 };
 
+// 2^x with subnormal results flushed to zero (ex2.approx.ftz). Without fast-math, exp2f wraps
+// the same MUFU.EX2 in a range test and two multiplies per call to produce subnormal results
+// (P < 2^-126), which no gradient needs (FlashAttention-3 flushes them too): 3 of the 4
+// instructions of each of the 32 exponentials per thread and step, all of them between the
+// S wgmma's wait and the dV issue, while the tensor cores idle. -inf -> +0, NaN -> NaN.
+CUTE_DEVICE float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 CUTE_DEVICE void named_sync(int num_threads, BwdBarrier id) {
   cutlass::arch::NamedBarrier::sync(num_threads, static_cast<uint32_t>(id));
 }
