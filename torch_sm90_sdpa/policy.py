@@ -398,8 +398,9 @@ def min_seqlen_from_table(rows, stock: str, masked: bool) -> dict:
     return out
 
 
-# Unmasked cuDNN nodes (bench_bwd.py --quick, 841f2df): ours ahead at head dim 64 (1.04-1.08x
-# from 4k keys, 1.01-1.03x at 1k: within the noise), behind at 128 and 256 -> {64: 4096}.
+# Unmasked cuDNN nodes (bench_bwd.py --extra, 18e7339): ours ahead at head dim 64 from 512 keys
+# (1.02-1.12x), at 96 and 192 on the rows measured from 2k keys (1.08-1.23x); level at 128
+# (0.95-1.06x, rows under 1.01x at every length) and behind at 256 -> {64: 512, 96: 2048, 192: 2048}.
 # FA2 (flash) and the memory-efficient backward were slower than ours on every row, so those
 # nodes are always routed (also under deterministic algorithms, where they are torch's
 # deterministic kernels, 1.5-3.4x slower than our deterministic mode).
