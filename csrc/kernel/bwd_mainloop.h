@@ -154,10 +154,21 @@ struct BwdMainloop {
       Layout<Shape<Int<kBlockM>, Int<kBlockN>, Int<kStages>>, Stride<_1, _0, Int<kBlockM>>>,
       Layout<Shape<Int<kBlockN>, Int<kBlockM>, Int<kStages>>, Stride<_0, _1, Int<kBlockM>>>>;
 
-  // dQ slice staging tile (fp32, swizzled for conflict-light stores, TMA reduce-add source).
-  // The swizzle atom must not straddle two warpgroups' column ranges.
-  using SmemAtomdQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                              GMMA::Major::K, ElementAccum, Int<kBlockM>, Int<kdQCols / (kNumMmaWG / kAtomLayoutMdQ)>>());
+  // dQ slice staging tile (fp32, TMA reduce-add source). At d64 and d128 the 32-byte swizzle
+  // makes the accumulator's 64-bit stores conflict-free: the hardware splits a warp's 64-bit
+  // store into half-warps (4 rows x 2 16-byte chunks each), and only rows of 32 bytes with the
+  // chunk flipped every 4 rows put each half-warp on 32 distinct banks. With the 128-byte
+  // swizzle, rows r and r^1 meet on the same chunk and every store takes 4 wavefronts for 2
+  // (ncu, eighth session). The TMA box is then 8 columns wide: more, smaller reduce-adds. That
+  // trade lost elsewhere (A/B, ninth session, main kernel at 2k keys): d256 1.157 -> 1.199 ms,
+  // d192 rows 5-12% slower; d128 0.740 -> 0.722 ms and d64 0.873 -> 0.860 ms gained. d96 was
+  // not measured and keeps the selector's swizzle.
+  static constexpr bool kdQStageSw32 = kdQSlices == 1 && (kHeadDim == 64 || kHeadDim == 128);
+  using SmemAtomdQ = std::conditional_t<
+      kdQStageSw32, GMMA::Layout_K_SW32_Atom<ElementAccum>,
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+               GMMA::Major::K, ElementAccum, Int<kBlockM>, Int<kdQCols / (kNumMmaWG / kAtomLayoutMdQ)>>())>;
+  static_assert(!kdQStageSw32 || kdQCols / (kNumMmaWG / kAtomLayoutMdQ) % 8 == 0);
   using SmemLayoutdQ = decltype(tile_to_shape(SmemAtomdQ{}, make_shape(Int<kBlockM>{}, Int<kdQCols>{})));
 
   // P / dS register -> smem copies (stmatrix). Registers hold S (rows q) or S^T (rows k).
@@ -796,6 +807,19 @@ struct BwdMainloop {
       named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
     };
 
+    // With several dQ slices the last one goes to the writer in the next step, once that
+    // step's S and dP wgmmas are issued (or after the loop): handed at once, it waited for the
+    // TMA reduce-add of the slice before it to read the staging tile (ncu at d256, 18e7339:
+    // the first dQ store after that barrier held 20% of the kernel's warp stall samples).
+    // Dense kernel only: in the masked kernel (three step variants) ptxas stopped inlining
+    // the step and serialized its wgmmas (C7519, a 1.6 KB stack frame at d256).
+    constexpr bool kDeferLastdQSlice = kdQSlices > 1 && !kMasked;
+    Tensor tdQrdQ_last = partition_fragment_C(tiled_mma_dQ, ShapedQ{});
+    // (copied out of the wgmma's accumulator: a GMMA-defined register read while the next
+    // step's wgmmas run made ptxas inject a full warpgroup.wait, C7517)
+    Tensor tdQrdQ_pending = make_tensor_like(tdQrdQ_last);
+    bool dq_pending = false;
+
     // One m-block; mask_tag: cute::Int<kMaskNone / kMaskValues / kMaskBits>.
     auto bwd_step = [&](int m_block, auto mask_tag) {
       int const stage_q = read_q.index();
@@ -805,6 +829,9 @@ struct BwdMainloop {
       Tensor tSrS = partition_fragment_C(tiled_mma_SdP, ShapeS{});    // S, then P
       Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});  // dP, then dS
       gemm_s_dp(tSrS, tdPrdP, stage_q, stage_do);
+      if constexpr (kDeferLastdQSlice) {
+        if (dq_pending) { hand_dq_to_writer(tdQrdQ_pending); }  // the previous m-block's
+      }
       softmax_p(tSrS, m_block, stage_q, mask_tag);
       softmax_grad(tSrS, tdPrdP, stage_do);
       Tensor rP = make_tensor_like<Element>(tSrS);
@@ -821,10 +848,24 @@ struct BwdMainloop {
       hand_dq_to_writer(tdQrdQ);  // slice 0 is complete (the wait above)
       CUTLASS_PRAGMA_UNROLL
       for (int s = 1; s < kdQSlices; ++s) {
-        gemm_dq_slice(tdQrdQ, s, stage_ds, cute::Int<0>{});
-        hand_dq_to_writer(tdQrdQ);
+        if (kDeferLastdQSlice && s == kdQSlices - 1) {
+          gemm_dq_slice(tdQrdQ_last, s, stage_ds, cute::Int<0>{});
+          dq_pending = true;
+        } else {
+          gemm_dq_slice(tdQrdQ, s, stage_ds, cute::Int<0>{});
+          hand_dq_to_writer(tdQrdQ);
+        }
       }
       warpgroup_wait<0>();
+      if constexpr (kDeferLastdQSlice) {
+        warpgroup_fence_operand(tdQrdQ_last);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tdQrdQ_last); ++i) {
+          uint32_t bits;
+          asm volatile("mov.b32 %0, %1;" : "=r"(bits) : "r"(__float_as_uint(tdQrdQ_last(i))));
+          tdQrdQ_pending(i) = __uint_as_float(bits);
+        }
+      }
       warpgroup_fence_operand(tdKrdK);
       pipeline_q.consumer_release(read_q);  // Q read by S and dK
       ++read_q;
@@ -876,6 +917,9 @@ struct BwdMainloop {
           bwd_step(m_block, cute::Int<kMaskNone>{});
         }
       }
+    }
+    if constexpr (kDeferLastdQSlice) {
+      if (dq_pending) { hand_dq_to_writer(tdQrdQ_pending); }  // the last m-block's
     }
     warpgroup_fence_operand(tdKrdK);
     warpgroup_fence_operand(tdVrdV);
