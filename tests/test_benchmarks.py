@@ -1,6 +1,7 @@
 """The benchmarks' pure parts on CPU: the rows benchmarks/bench_bwd.py plans beyond the grid,
 its ratios and geometric means, and which of its rows tools/speed_table.py takes for the gate."""
 import importlib.util
+import json
 import math
 import os
 import sys
@@ -59,6 +60,26 @@ def test_speed_table_takes_only_bf16_rows_of_bench_bwd():
     got = list(speed_table_tool.rows_of(result, 0))
     assert [(g["seqlen"], g["speedup"]) for g in got] == [(2048, round(400 / 380, 4)),
                                                           (4096, round(400 / 380, 4))]
+
+
+def test_speed_table_keeps_the_slowest_gqa_ratio_and_the_latest_file(tmp_path):
+    row = dict(head_dim=128, causal=True, seqlen=8192, batch=2, heads=32, masked=False,
+               dtype="bf16")
+    first = {"meta": {"bench": "bench_bwd"},
+             "rows": [dict(row, kv_heads=8, tflops={"ours": 420.0, "cudnn": 400.0}),
+                      dict(row, kv_heads=1, tflops={"ours": 404.0, "cudnn": 400.0}),
+                      dict(row, kv_heads=4, tflops={"ours": 412.0, "cudnn": 400.0}),
+                      dict(row, kv_heads=32, tflops={"ours": 300.0, "cudnn": 400.0})]}
+    later = {"meta": {"bench": "bench_bwd"},
+             "rows": [dict(row, kv_heads=32, tflops={"ours": 440.0, "cudnn": 400.0})]}
+    paths = []
+    for i, result in enumerate((first, later)):
+        paths.append(str(tmp_path / f"r{i}.json"))
+        with open(paths[-1], "w") as f:
+            json.dump(result, f)
+    sources, rows = speed_table_tool.build(paths)
+    got = {r["gqa"]: (r["speedup"], r["source"]) for r in rows}
+    assert got == {True: (1.01, 0), False: (1.1, 1)}
 
 
 plot_bwd = _load("plot_bwd_under_test", "tools/plot_bwd.py")

@@ -4,8 +4,10 @@ Reads the JSON that `benchmarks/bench_bwd.py --json` and `benchmarks/bench_masks
 write (benchmarks/results/ holds the ones the shipped table comes from) and writes one row per
 measured case: the stock backward it compares with, masked or not, head dim, key length, the
 case (causal / full, or the mask kind), GQA or not, and ours' speedup (stock time / our time).
-A later file replaces an earlier one's row of the same case. policy.py derives, per stock
-backend and head dim, the shortest key length from which every measured row was faster.
+Rows of one file that fall on the same case (the GQA rows of several head ratios) keep the
+slowest; a later file replaces an earlier one's row of the same case. policy.py derives, per stock
+backend, head dim and (unmasked) causal / full, the shortest key length from which every
+measured row was faster.
 
     python tools/speed_table.py benchmarks/results/*.json [-o torch_sm90_sdpa/speed_table.py]
 """
@@ -59,9 +61,12 @@ def build(paths):
         with open(path) as f:
             result = json.load(f)
         sources.append(dict(result["meta"], file=path))
+        this_file = {}
         for row in rows_of(result, len(sources) - 1):
             key = tuple(row[k] for k in ("stock", "masked", "head_dim", "seqlen", "case", "gqa"))
-            table[key] = row
+            if key not in this_file or row["speedup"] < this_file[key]["speedup"]:
+                this_file[key] = row  # the gate does not tell GQA ratios apart: the slowest
+        table.update(this_file)
     rows = sorted(table.values(), key=lambda r: (r["stock"], r["masked"], r["head_dim"],
                                                  r["seqlen"], r["case"], r["gqa"]))
     return sources, rows
