@@ -1008,28 +1008,35 @@ class TestSpeedGate(unittest.TestCase):
     def setUp(self):
         _fake_sm90(self)
 
-    def call(self, d, s, backend):
+    def call(self, d, s, backend, causal=True):
         b, h = 1, 4
         t = policy.TensorSpec((b, h, s, d), torch.bfloat16, "cuda:0", strides=(s * h * d, d, h * d, 1))
         lse_shape = {"cudnn": (b, h, s, 1), "efficient": (b, h, (s + 31) // 32 * 32)}.get(backend, (b, h, s))
         lse = policy.TensorSpec(lse_shape, torch.float32, "cuda:0")
         return policy.AttentionBackwardCall(backend=backend, grad_out=t, q=t, k=t, v=t, out=t,
-                                            lse=lse, is_causal=True)
+                                            lse=lse, is_causal=causal)
 
     def test_cudnn_kept_where_it_is_faster(self):
-        # (the shipped table, bench_bwd --extra at 18e7339: d128 and d256 under 1.01x of cuDNN
-        # on some row of every length, d96 measured from 2k keys only)
-        for d, s in [(128, 16384), (128, 1024), (256, 8192), (96, 1024)]:
-            self.assertEqual(policy.faster_than_stock(self.call(d, s, "cudnn")).reason,
-                             policy.R_SLOWER, (d, s))
+        # (the shipped table, bench_bwd --extra at e8da14c: d128 under 1.01x of cuDNN on some
+        # row of every length but is_causal at 16k, d256 is_causal at every length, d96
+        # measured from 2k keys only)
+        for d, s, causal in [(128, 16384, False), (128, 8192, True), (128, 1024, False),
+                             (256, 8192, True), (256, 512, True), (96, 1024, True)]:
+            decision = policy.faster_than_stock(self.call(d, s, "cudnn", causal))
+            self.assertEqual(decision.reason, policy.R_SLOWER, (d, s, causal))
+            self.assertIn("causal" if causal else "full", decision.detail)
         for s in (16384, 1024):
-            self.assertEqual(policy.decide(self.call(128, s, "cudnn")).reason, policy.R_SLOWER)
-            self.assertTrue(policy.decide(self.call(128, s, "cudnn"), only_faster=False))
+            call = self.call(128, s, "cudnn", causal=False)
+            self.assertEqual(policy.decide(call).reason, policy.R_SLOWER)
+            self.assertTrue(policy.decide(call, only_faster=False))
 
     def test_cudnn_routed_where_ours_is_faster(self):
         # the gate alone (d64 may not be compiled here)
-        for d, s in [(64, 512), (64, 2048), (64, 16384), (96, 2048), (192, 8192)]:
-            self.assertTrue(policy.faster_than_stock(self.call(d, s, "cudnn")), (d, s))
+        for d, s, causal in [(64, 512, True), (64, 2048, False), (64, 16384, True),
+                             (96, 2048, False), (192, 8192, True), (128, 16384, True),
+                             (256, 512, False), (256, 16384, False)]:
+            self.assertTrue(policy.faster_than_stock(self.call(d, s, "cudnn", causal)),
+                            (d, s, causal))
 
     def masked(self, d, s, backend, mask_shape, strides=None):
         call = self.call(d, s, backend)
@@ -1088,9 +1095,14 @@ class TestSpeedGate(unittest.TestCase):
                  for s, x in [(1024, 1.2), (4096, 0.99), (16384, 1.1)]]  # a slower row between
         rows += [dict(rows[0], head_dim=256, seqlen=16384, speedup=0.9)]
         self.assertEqual(policy.min_seqlen_from_table(rows, "cudnn", False), {64: 4096, 128: 16384})
+        self.assertEqual(policy.min_seqlen_from_table(rows, "cudnn", False, "causal"),
+                         {64: 1024})  # (d128's rows are all "full")
+        self.assertEqual(policy.min_seqlen_from_table(rows, "cudnn", False, "full"),
+                         {64: 4096, 128: 16384})
         self.assertEqual(policy.min_seqlen_from_table(rows, "cudnn", True), {})
-        self.assertEqual(policy.FASTER_THAN_CUDNN_MIN_SEQLEN,
-                         policy.min_seqlen_from_table(speed_table.ROWS, "cudnn", False))
+        for case in ("causal", "full"):
+            self.assertEqual(policy.FASTER_THAN_CUDNN_MIN_SEQLEN[case],
+                             policy.min_seqlen_from_table(speed_table.ROWS, "cudnn", False, case))
 
     def test_shipped_table_is_generated_from_the_results(self):
         """torch_sm90_sdpa/speed_table.py is what tools/speed_table.py makes of the files its

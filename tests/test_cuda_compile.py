@@ -199,6 +199,42 @@ def test_default_enable_keeps_faster_cudnn(compile_env):
     assert stats["routed_calls"] == 0 and policy.R_SLOWER in stats["not_routed"], stats
 
 
+def _table_routed_full_case():
+    """(head dim, key length): the largest built head dim that the speed table routes without
+    a mask (non-causal), at the shortest key length it routes."""
+    built = [(d, s) for d, s in policy.FASTER_THAN_CUDNN_MIN_SEQLEN["full"].items()
+             if _extension.has_variant(d, torch.bfloat16)]
+    return max(built) if built else None
+
+
+@pytest.mark.skipif(_table_routed_full_case() is None,
+                    reason="no built head dim that the speed table routes without a mask")
+def test_default_enable_routes_where_the_table_says(compile_env):
+    """enable()'s default replaces a non-causal cuDNN node whose head dim and key length the
+    table has ours faster at (d256 without a mask, in the full build); gradients match stock."""
+    from torch_sm90_sdpa.testing import TinyTransformer
+
+    recorder = compile_env
+    d, s = _table_routed_full_case()
+    torch.manual_seed(0)
+    model = TinyTransformer(vocab=512, dim=2 * d, heads=2, layers=1, causal=False).cuda()
+    stock = copy.deepcopy(model)
+    tokens = make_batches(1, b=1, sq=s, sk=1)[0][0]
+
+    def loss_of(m):
+        return lambda i: lm_loss(m(tokens), tokens)
+
+    ref_losses, ref_grads = sgd_steps(stock, loss_of(stock), steps=2)
+    with torch_sm90_sdpa.enable():
+        compiled = torch.compile(model)
+        losses, grads = sgd_steps(model, loss_of(compiled), steps=2)
+    ops = backward_ops(recorder)
+    stats = torch_sm90_sdpa.routing_stats()
+    assert ops and all(op == OURS for op in ops), (d, s, ops, stats)
+    assert stats["routed_nodes"].get("cudnn", 0) >= 1 and not stats["not_routed"], stats
+    check_against_stock(losses, grads, ref_losses, ref_grads)
+
+
 def test_reduce_overhead_cuda_graphs(compile_env):
     recorder = compile_env
     torch.manual_seed(1)
