@@ -62,7 +62,7 @@ def test_speed_table_takes_only_bf16_rows_of_bench_bwd():
                                                           (4096, round(400 / 380, 4))]
 
 
-def test_speed_table_keeps_the_slowest_gqa_ratio_and_the_latest_file(tmp_path):
+def test_speed_table_keeps_the_slowest_row_of_a_case(tmp_path):
     row = dict(head_dim=128, causal=True, seqlen=8192, batch=2, heads=32, masked=False,
                dtype="bf16")
     first = {"meta": {"bench": "bench_bwd"},
@@ -71,7 +71,8 @@ def test_speed_table_keeps_the_slowest_gqa_ratio_and_the_latest_file(tmp_path):
                       dict(row, kv_heads=4, tflops={"ours": 412.0, "cudnn": 400.0}),
                       dict(row, kv_heads=32, tflops={"ours": 300.0, "cudnn": 400.0})]}
     later = {"meta": {"bench": "bench_bwd"},
-             "rows": [dict(row, kv_heads=32, tflops={"ours": 440.0, "cudnn": 400.0})]}
+             "rows": [dict(row, kv_heads=32, tflops={"ours": 440.0, "cudnn": 400.0}),  # faster
+                      dict(row, kv_heads=2, tflops={"ours": 402.0, "cudnn": 400.0})]}  # slower
     paths = []
     for i, result in enumerate((first, later)):
         paths.append(str(tmp_path / f"r{i}.json"))
@@ -79,7 +80,7 @@ def test_speed_table_keeps_the_slowest_gqa_ratio_and_the_latest_file(tmp_path):
             json.dump(result, f)
     sources, rows = speed_table_tool.build(paths)
     got = {r["gqa"]: (r["speedup"], r["source"]) for r in rows}
-    assert got == {True: (1.01, 0), False: (1.1, 1)}
+    assert got == {True: (1.005, 1), False: (0.75, 0)}
 
 
 plot_bwd = _load("plot_bwd_under_test", "tools/plot_bwd.py")

@@ -4,8 +4,9 @@ Reads the JSON that `benchmarks/bench_bwd.py --json` and `benchmarks/bench_masks
 write (benchmarks/results/ holds the ones the shipped table comes from) and writes one row per
 measured case: the stock backward it compares with, masked or not, head dim, key length, the
 case (causal / full, or the mask kind), GQA or not, and ours' speedup (stock time / our time).
-Rows of one file that fall on the same case (the GQA rows of several head ratios) keep the
-slowest; a later file replaces an earlier one's row of the same case. policy.py derives, per stock
+Rows that fall on the same case (the GQA rows of several head ratios, repeated runs, a file
+that measures lengths of another again) keep the slowest: the gate asks that every measured
+row was faster. policy.py derives, per stock
 backend, head dim and (unmasked) causal / full, the shortest key length from which every
 measured row was faster.
 
@@ -61,12 +62,10 @@ def build(paths):
         with open(path) as f:
             result = json.load(f)
         sources.append(dict(result["meta"], file=path))
-        this_file = {}
         for row in rows_of(result, len(sources) - 1):
             key = tuple(row[k] for k in ("stock", "masked", "head_dim", "seqlen", "case", "gqa"))
-            if key not in this_file or row["speedup"] < this_file[key]["speedup"]:
-                this_file[key] = row  # the gate does not tell GQA ratios apart: the slowest
-        table.update(this_file)
+            if key not in table or row["speedup"] < table[key]["speedup"]:
+                table[key] = row
     rows = sorted(table.values(), key=lambda r: (r["stock"], r["masked"], r["head_dim"],
                                                  r["seqlen"], r["case"], r["gqa"]))
     return sources, rows

@@ -401,12 +401,12 @@ def min_seqlen_from_table(rows, stock: str, masked: bool, case: Optional[str] = 
     return out
 
 
-# Unmasked cuDNN nodes, per case (bench_bwd.py --extra, e8da14c): ours ahead at head dim 64
-# from 512 keys (1.04-1.13x), at 96 and 192 on the rows measured from 2k keys (1.09-1.25x),
-# at 256 without a mask from 512 keys (1.03-1.08x); at 128 level (0.96-1.07x: only is_causal
-# at 16k clears 1.01x on every row, GQA included) and at 256 is_causal behind (0.90-1.00x)
-# -> causal {64: 512, 96: 2048, 128: 16384, 192: 2048}, full {64: 512, 96: 2048, 192: 2048,
-# 256: 512}.
+# Unmasked cuDNN nodes, per case (bench_bwd.py --extra, two runs of e8da14c's kernel, each
+# row's slower run): ours ahead at head dim 64 from 512 keys (1.04-1.13x), at 96 and 192 on the
+# rows measured from 2k keys (1.08-1.23x), at 256 without a mask from 4k keys (1.04-1.06x; 2k
+# was 1.00x in one run); level at 128 (0.96-1.07x, a row under 1.01x at every length in one
+# run or the other) and behind at 256 is_causal (0.90-1.00x)
+# -> causal {64: 512, 96: 2048, 192: 2048}, full {64: 512, 96: 2048, 192: 2048, 256: 4096}.
 # FA2 (flash) and the memory-efficient backward were slower than ours on every row, so those
 # nodes are always routed (also under deterministic algorithms, where they are torch's
 # deterministic kernels, 1.5-3.4x slower than our deterministic mode).
