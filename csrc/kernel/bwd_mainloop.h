@@ -161,8 +161,8 @@ struct BwdMainloop {
   // swizzle, rows r and r^1 meet on the same chunk and every store takes 4 wavefronts for 2
   // (ncu, eighth session). The TMA box is then 8 columns wide: more, smaller reduce-adds. That
   // trade lost elsewhere (A/B, ninth session, main kernel at 2k keys): d256 1.157 -> 1.199 ms,
-  // d192 rows 5-12% slower; d128 0.740 -> 0.722 ms and d64 0.873 -> 0.860 ms gained. d96 was
-  // not measured and keeps the selector's swizzle.
+  // d192 rows 5-14% lower against cuDNN; d128 0.740 -> 0.722 ms and d64 0.873 -> 0.860 ms
+  // gained. d96 was not measured and keeps the selector's swizzle.
   static constexpr bool kdQStageSw32 = kdQSlices == 1 && (kHeadDim == 64 || kHeadDim == 128);
   using SmemAtomdQ = std::conditional_t<
       kdQStageSw32, GMMA::Layout_K_SW32_Atom<ElementAccum>,
