@@ -1022,7 +1022,7 @@ class TestSpeedGate(unittest.TestCase):
         # d96 measured from 2k keys only)
         for d, s, causal in [(128, 16384, False), (128, 16384, True), (128, 1024, False),
                              (256, 8192, True), (256, 512, True), (256, 2048, False),
-                             (96, 1024, True)]:
+                             (96, 1024, True), (192, 1024, False), (64, 256, True)]:
             decision = policy.faster_than_stock(self.call(d, s, "cudnn", causal))
             self.assertEqual(decision.reason, policy.R_SLOWER, (d, s, causal))
             self.assertIn("causal" if causal else "full", decision.detail)
