@@ -38,6 +38,15 @@ constexpr int kSeqRound = 128;
 
 inline int round_up_seq(int s) { return (s + kSeqRound - 1) / kSeqRound * kSeqRound; }
 
+// Column order of dq_accum. The main kernel stages each dQ tile in shared memory with the
+// 8-column segments of row r permuted (value (r, c) at column c ^ ((r & 3) << 3), inside each
+// group of 32 columns: its stores are then free of bank conflicts, see bwd_mainloop.h), and
+// the TMA reduce-adds carry that order into dq_accum. The postprocess reads it back. Head
+// dims whose kernel keeps the natural order return false here.
+constexpr bool dq_accum_permuted_for(int head_dim) {
+  return head_dim == 192 || head_dim == 256;
+}
+
 // The score bounds of an additive mask's classification: at most this many CTAs share the rows
 // of one block (a block of a broadcast mask covers every batch and head); the workspace holds
 // as many partial results (BwdParams::bounds_partial).
@@ -118,6 +127,9 @@ struct BwdParams {
   float* dpsum = nullptr;      // [B, Hq, Sq_rounded]    rowsum(dO * O) per row; 0 in padding
   float* lse_log2 = nullptr;  // [B, Hq, Sq_rounded]     lse * log2(e); +inf in padding
   float* dq_accum = nullptr;  // [B, Hq, Sq_rounded, D]  unscaled dQ, zeroed by the preprocess
+  // dq_accum's columns in the main kernel's permuted order (dq_accum_permuted_for): set by the
+  // device layer from head_dim, read by the postprocess.
+  bool dq_accum_permuted = false;
   // GQA only (Hq != Hkv), else nullptr: unscaled dK and dV. Default mode: [B, Hkv, Sk_rounded,
   // D / Dv], summed over each group by reduce-adds into buffers the preprocess zeroed.
   // Deterministic mode: [B, Hq, Sk_rounded, D / Dv], one tile per q head, stored (every tile,

@@ -202,6 +202,7 @@ struct PostJob {
   int vec;         // 16-byte path allowed
   int group_log2;  // threads per row
   int64_t chunks;  // B * H * ceil(S / kChunkRows)
+  int permuted;    // acc's row s holds column c at c ^ ((s & 3) << 3) (BwdParams::dq_accum_permuted)
 };
 
 struct PostArgs {
@@ -232,12 +233,14 @@ __global__ void __launch_bounds__(kThreads) bwd_postprocess_kernel(const PostArg
       if (j.vec) {
         const float4* src4 = reinterpret_cast<const float4*>(src);
         uint4* dst4 = reinterpret_cast<uint4*>(dst);
+        const int seg_xor = j.permuted ? (s & 3) : 0;  // 8-column segment c sits at c ^ seg_xor
         for (int c = lane; c < j.dim / 8; c += group) {
-          float4 x0 = __ldcs(src4 + 2 * c);  // read once: streaming
-          float4 x1 = __ldcs(src4 + 2 * c + 1);
+          const int cs = c ^ seg_xor;
+          float4 x0 = __ldcs(src4 + 2 * cs);  // read once: streaming
+          float4 x1 = __ldcs(src4 + 2 * cs + 1);
           for (int g = 1; g < j.sum_heads; ++g) {  // a fixed order: bitwise repeatable
             const float4* more = reinterpret_cast<const float4*>(src + g * head_step);
-            const float4 y0 = __ldcs(more + 2 * c), y1 = __ldcs(more + 2 * c + 1);
+            const float4 y0 = __ldcs(more + 2 * cs), y1 = __ldcs(more + 2 * cs + 1);
             x0 = make_float4(x0.x + y0.x, x0.y + y0.y, x0.z + y0.z, x0.w + y0.w);
             x1 = make_float4(x1.x + y1.x, x1.y + y1.y, x1.z + y1.z, x1.w + y1.w);
           }
@@ -251,9 +254,11 @@ __global__ void __launch_bounds__(kThreads) bwd_postprocess_kernel(const PostArg
           dst4[c] = y;
         }
       } else {
+        const int col_xor = j.permuted ? (s & 3) << 3 : 0;
         for (int c = lane; c < j.dim; c += group) {
-          float x = src[c];
-          for (int g = 1; g < j.sum_heads; ++g) x += src[g * head_step + c];
+          const int cs = c ^ col_xor;
+          float x = src[cs];
+          for (int g = 1; g < j.sum_heads; ++g) x += src[g * head_step + cs];
           dst[c] = from_float<T>(x * j.factor);
         }
       }
@@ -385,7 +390,8 @@ void run_bwd_postprocess(const BwdParams& p, cudaStream_t stream) {
   PostArgs a{};
   int num_jobs = 0;
   auto add_job = [&](const float* acc, void* out, int64_t sb, int64_t sh, int64_t sr, int heads,
-                     int seqlen, int seqlen_rounded, int dim, float factor, int sum_heads) {
+                     int seqlen, int seqlen_rounded, int dim, float factor, int sum_heads,
+                     bool permuted) {
     PostJob& j = a.job[num_jobs];
     j.acc = acc;
     j.out = out;
@@ -398,6 +404,7 @@ void run_bwd_postprocess(const BwdParams& p, cudaStream_t stream) {
     j.dim = dim;
     j.factor = factor;
     j.sum_heads = sum_heads;
+    j.permuted = permuted;
     j.chunks = int64_t(p.batch) * heads * ((seqlen + kChunkRows - 1) / kChunkRows);
     j.vec = dim % 8 == 0 && aligned16(acc) && aligned16(out) &&
             strides_aligned16(2, sb, p.batch, sh, heads, sr, seqlen);
@@ -405,14 +412,14 @@ void run_bwd_postprocess(const BwdParams& p, cudaStream_t stream) {
     if (j.chunks > 0 && dim > 0) ++num_jobs;
   };
   add_job(p.dq_accum, p.dq, p.dq_batch_stride, p.dq_head_stride, p.dq_row_stride, p.heads_q,
-          p.seqlen_q, p.seqlen_q_rounded, p.head_dim, p.scale, 1);
+          p.seqlen_q, p.seqlen_q_rounded, p.head_dim, p.scale, 1, p.dq_accum_permuted);
   if (p.dk_accum != nullptr) {
     // deterministic GQA: the q heads' tiles of each group, summed here in q-head order
     const int group = p.deterministic ? p.heads_q / p.heads_kv : 1;
     add_job(p.dk_accum, p.dk, p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride, p.heads_kv,
-            p.seqlen_k, p.seqlen_k_rounded, p.head_dim, p.scale, group);
+            p.seqlen_k, p.seqlen_k_rounded, p.head_dim, p.scale, group, false);
     add_job(p.dv_accum, p.dv, p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride, p.heads_kv,
-            p.seqlen_k, p.seqlen_k_rounded, p.head_dim_v, 1.0f, group);
+            p.seqlen_k, p.seqlen_k_rounded, p.head_dim_v, 1.0f, group, false);
   }
   if (num_jobs == 0) return;
   int64_t chunks = 1;

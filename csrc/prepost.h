@@ -26,7 +26,8 @@ namespace sm90_sdpa {
 void run_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
 
 // dq[b,h,s,:] = scale * dq_accum[b,h,s,:] converted to params.dtype, for s < Sq, through the
-// dq strides. When dk_accum is non-null (GQA) also
+// dq strides; with dq_accum_permuted, dq[b,h,s,c] reads dq_accum[b,h,s,c ^ ((s & 3) << 3)]
+// (head_dim % 32 == 0). When dk_accum is non-null (GQA) also
 //   dk[b,h,s,:] = scale * dk_accum[b,h,s,:]  and  dv[b,h,s,:] = dv_accum[b,h,s,:]  (s < Sk).
 // One launch for all of them. Launches nothing when the work is empty.
 void run_bwd_postprocess(const BwdParams& params, cudaStream_t stream);

@@ -431,6 +431,7 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   char* base = static_cast<char*>(ptrs.workspace);
   auto at = [&](int64_t off) { return base == nullptr ? nullptr : reinterpret_cast<float*>(base + off); };
   n.dq_accum = at(w.dq_accum);
+  n.dq_accum_permuted = dq_accum_permuted_for(p.head_dim);
   n.dk_accum = w.gqa ? at(w.dk_accum) : nullptr;
   n.dv_accum = w.gqa ? at(w.dv_accum) : nullptr;
   n.dpsum = at(w.dpsum);
@@ -508,6 +509,10 @@ void run_postprocess(const BwdParams& params, cudaStream_t stream) {
   if (is_empty(params)) return;
   require_ptr(params.dq_accum, "dq_accum", what);
   require_ptr(params.dq, "dq", what);
+  if (params.dq_accum_permuted && params.head_dim % 32 != 0) {
+    fail_value(cat(what, ": dq_accum_permuted needs head_dim % 32 == 0 (got ", params.head_dim,
+                   ")"));
+  }
   if (params.dk_accum != nullptr) {
     require_ptr(params.dk, "dk", what);
     require_ptr(params.dv, "dv", what);
@@ -592,6 +597,8 @@ void run(const BwdParams& params, cudaStream_t stream) {
   }
   BwdParams p = params;
   prepare_device(p);
+  // the order the variant's main kernel writes, whatever the caller filled in
+  p.dq_accum_permuted = dq_accum_permuted_for(p.head_dim);
   cudaGetLastError();
   run_bwd_preprocess(p, stream);
   check_launch("preprocess kernel");

@@ -318,7 +318,7 @@ PYBIND11_MODULE(_C, m) {
       TENSOR_FIELDS(lse, const float*)
       // fp32 workspaces
       PTR_FIELD(dpsum, float*) PTR_FIELD(lse_log2, float*) PTR_FIELD(dq_accum, float*)
-      PTR_FIELD(dk_accum, float*) PTR_FIELD(dv_accum, float*)
+      PTR_FIELD(dk_accum, float*) PTR_FIELD(dv_accum, float*) FIELD(dq_accum_permuted)
       // outputs
       TENSOR_FIELDS(dq, void*) TENSOR_FIELDS(dk, void*) TENSOR_FIELDS(dv, void*)
       FIELD(num_sms) FIELD(l2_bytes)

@@ -319,6 +319,19 @@ def test_masked_workspace_has_tile_classes_ranges_bits_and_bounds(mask_dtype):
 
 
 @needs_C
+@pytest.mark.parametrize("d", sorted(gen.TILES))
+def test_make_params_sets_the_dq_accum_order_of_the_head_dims_kernel(d):
+    # d192 / d256 stage dQ with permuted segments (bwd_mainloop.h) and dq_accum keeps that
+    # order; the postprocess must be told, whatever the head dims built here
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    q = torch.randn(1, 2, 70, d, dtype=torch.bfloat16)
+    lse = torch.randn(1, 2, 70)
+    p, _ = cb.make_params(q, q, q, q, q, lse, False, 1.0, False)
+    assert p.dq_accum_permuted == (d in (192, 256))
+
+
+@needs_C
 @pytest.mark.parametrize("heads_kv", [4, 1])
 def test_deterministic_workspace_and_order(heads_kv, monkeypatch):
     """Deterministic mode: dQ turn semaphores [B, Hq, m-blocks] after the other pieces; GQA keeps
@@ -399,6 +412,11 @@ def test_backward_param_errors():
     p.dv_accum = 0
     with pytest.raises(ValueError, match="both set or both null"):
         C.preprocess(p, 0)
+    p = _valid_params()
+    p.head_dim = p.head_dim_v = 72
+    p.dq_accum_permuted = True  # 8-column segments permuted within groups of 32 columns
+    with pytest.raises(ValueError, match="dq_accum_permuted needs head_dim % 32 == 0"):
+        C.postprocess(p, 0)
     p = _valid_params()
     p.head_dim = p.head_dim_v = 72  # never compiled
     with pytest.raises(RuntimeError, match=r"head_dim=72"):

@@ -147,16 +147,46 @@ POST_CASES = [
     (1, 6, 2, 1000, 17, 128, "packed"),
     (3, 2, 1, 128, 128, 96, "bshd"),
     (1, 2, 2, 128, 130, 256, "bhsd"),
+    (1, 2, 1, 200, 64, 192, "bshd"),
     (2, 2, 1, 17, 33, 128, "padded_rows"),
+    (2, 2, 1, 19, 33, 256, "padded_rows"),  # D % 32 == 0 on the scalar path
     (1, 4, 2, 1000, 128, 64, "misaligned"),
     (1, 2, 1, 33, 17, 36, "bshd"),  # D % 8 != 0: scalar path
 ]
 
 
+def _natural_order(dq_accum, permuted):
+    """dq_accum [B, H, S, D] in natural column order: with the main kernel's permutation
+    (BwdParams.dq_accum_permuted) row s holds column c at c ^ ((s & 3) << 3)."""
+    if not permuted:
+        return dq_accum
+    S, D = dq_accum.shape[-2:]
+    s = torch.arange(S, device=dq_accum.device).view(S, 1)
+    c = torch.arange(D, device=dq_accum.device).view(1, D)
+    where = (c ^ ((s & 3) << 3)).expand(*dq_accum.shape)
+    return torch.gather(dq_accum, -1, where)
+
+
+def test_natural_order_undoes_the_permutation():
+    # the test's own reading of the order: row 5 (5 & 3 = 1) swaps 8-column segments 0 / 1, 2 / 3
+    acc = torch.arange(8 * 64, dtype=torch.float32, device=DEV).view(1, 1, 8, 64)
+    nat = _natural_order(acc, True)
+    assert nat[0, 0, 5, 0].item() == acc[0, 0, 5, 8].item()
+    assert nat[0, 0, 5, 40].item() == acc[0, 0, 5, 32].item()
+    assert nat[0, 0, 6, 3].item() == acc[0, 0, 6, 19].item()  # 6 & 3 = 2: segment 0 <-> 2
+    assert torch.equal(nat[0, 0, 4], acc[0, 0, 4])
+    assert torch.equal(_natural_order(nat, True), acc)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("case", POST_CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("case,order",
+                         # order: dq_accum in the order make_params sets for D (its main
+                         # kernel's), or in the other one (the permuted order needs D % 32 == 0)
+                         [(c, o) for c in POST_CASES for o in ("kernel", "other")
+                          if o == "kernel" or c[5] % 32 == 0],
+                         ids=lambda x: "-".join(map(str, x)) if isinstance(x, tuple) else x)
 @pytest.mark.parametrize("gqa_accum", [False, True], ids=["dq", "dq_dk_dv"])
-def test_postprocess(case, dtype, gqa_accum):
+def test_postprocess(case, order, dtype, gqa_accum):
     B, Hq, Hkv, Sq, Sk, D, layout = case
     torch.manual_seed(1)
     scale = 0.37
@@ -170,6 +200,10 @@ def test_postprocess(case, dtype, gqa_accum):
     dv, dv_st, dv_cov = _poisoned_view((B, Hkv, Sk, D), dtype, layout, extra_heads=extra_kv)
     p, ws = cb.make_params(q, q, k, v, q, lse, False, scale, False, dq=dq, dk=dk, dv=dv,
                            gqa_accum=gqa_accum)
+    # make_params sets the order of this head dim's main kernel; "other" reads the other one
+    assert p.dq_accum_permuted == (D in (192, 256))
+    if order == "other":
+        p.dq_accum_permuted = not p.dq_accum_permuted
     ws.dq_accum.normal_()
     ws.dq_accum[:, :, Sq:] = NAN  # padding rows must not be read
     if gqa_accum:
@@ -181,7 +215,8 @@ def test_postprocess(case, dtype, gqa_accum):
     torch.cuda.synchronize()
 
     tol = dict(rtol=1e-2, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=1e-3, atol=1e-6)
-    torch.testing.assert_close(dq, (ws.dq_accum[:, :, :Sq] * scale).to(dtype), **tol)
+    acc = _natural_order(ws.dq_accum, p.dq_accum_permuted)
+    torch.testing.assert_close(dq, (acc[:, :, :Sq] * scale).to(dtype), **tol)
     _assert_untouched(dq_st, dq_cov, "dq")
     if gqa_accum:
         torch.testing.assert_close(dk, (ws.dk_accum[:, :, :Sk] * scale).to(dtype), **tol)

@@ -163,12 +163,22 @@ struct BwdMainloop {
   // trade lost elsewhere (A/B, ninth session, main kernel at 2k keys): d256 1.157 -> 1.199 ms,
   // d192 rows 5-14% lower against cuDNN; d128 0.740 -> 0.722 ms and d64 0.873 -> 0.860 ms
   // gained. d96 was not measured and keeps the selector's swizzle.
-  static constexpr bool kdQStageSw32 = kdQSlices == 1 && (kHeadDim == 64 || kHeadDim == 128);
+  // The head dims of dq_accum_permuted_for (bwd_params.h) keep the 128-byte swizzle and its
+  // 32-column TMA boxes, and permute each row's 8-column segments instead: value (r, c) is
+  // stored at column c ^ ((r & 3) << 3). A half-warp's four rows then fall on four different
+  // 32-byte bank groups (one wavefront per 64-bit store, where the natural order takes two);
+  // dq_accum receives the same order and the postprocess reads it back.
+  static constexpr int kdQColsPerWG = kdQCols / (kNumMmaWG / kAtomLayoutMdQ);
+  static constexpr bool kdQStagePermuted = dq_accum_permuted_for(kHeadDim);
+  static constexpr bool kdQStageSw32 =
+      !kdQStagePermuted && kdQSlices == 1 && (kHeadDim == 64 || kHeadDim == 128);
   using SmemAtomdQ = std::conditional_t<
-      kdQStageSw32, GMMA::Layout_K_SW32_Atom<ElementAccum>,
-      decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-               GMMA::Major::K, ElementAccum, Int<kBlockM>, Int<kdQCols / (kNumMmaWG / kAtomLayoutMdQ)>>())>;
-  static_assert(!kdQStageSw32 || kdQCols / (kNumMmaWG / kAtomLayoutMdQ) % 8 == 0);
+      kdQStagePermuted, GMMA::Layout_K_SW128_Atom<ElementAccum>,
+      std::conditional_t<kdQStageSw32, GMMA::Layout_K_SW32_Atom<ElementAccum>,
+                         decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                                  GMMA::Major::K, ElementAccum, Int<kBlockM>, Int<kdQColsPerWG>>())>>;
+  static_assert(!kdQStageSw32 || kdQColsPerWG % 8 == 0);
+  static_assert(!kdQStagePermuted || (kdQColsPerWG % 32 == 0 && kBlockM % 8 == 0));
   using SmemLayoutdQ = decltype(tile_to_shape(SmemAtomdQ{}, make_shape(Int<kBlockM>{}, Int<kdQCols>{})));
 
   // P / dS register -> smem copies (stmatrix). Registers hold S (rows q) or S^T (rows k).
@@ -800,9 +810,26 @@ struct BwdMainloop {
     auto hand_dq_to_writer = [&](auto const& tdQrdQ) {
       auto thr = tiled_mma_dQ.get_thread_slice(launder_int(thread_idx));
       // position-independent swizzle: keeps the address in the shared space (STS, not ST.E)
-      Tensor tdQsdQ = thr.partition_C(as_position_independent_swizzle_tensor(sdQ));
-      named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
-      cute::copy(tdQrdQ, tdQsdQ);
+      Tensor sdQ_pi = as_position_independent_swizzle_tensor(sdQ);
+      if constexpr (kdQStagePermuted) {
+        // (row, column) of each accumulator value; values 2i and 2i + 1 are columns c, c + 1
+        // of one row (wgmma's C fragment), which the permutation keeps adjacent.
+        Tensor tdQcdQ = thr.partition_C(make_identity_tensor(ShapedQ{}));
+        static_assert(size(decltype(tdQcdQ){}) % 2 == 0);
+        named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tdQrdQ); i += 2) {
+          int const r = get<0>(tdQcdQ(i));
+          int const c = get<1>(tdQcdQ(i)) ^ ((r & 3) << 3);
+          uint32_t const addr = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdQ_pi(r, c)));
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(tdQrdQ(i)), "f"(tdQrdQ(i + 1))
+                       : "memory");
+        }
+      } else {
+        Tensor tdQsdQ = thr.partition_C(sdQ_pi);
+        named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
+        cute::copy(tdQrdQ, tdQsdQ);
+      }
       cutlass::arch::fence_view_async_shared();
       named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
     };
@@ -830,7 +857,10 @@ struct BwdMainloop {
       Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});  // dP, then dS
       gemm_s_dp(tSrS, tdPrdP, stage_q, stage_do);
       if constexpr (kDeferLastdQSlice) {
-        if (dq_pending) { hand_dq_to_writer(tdQrdQ_pending); }  // the previous m-block's
+        if (dq_pending) {  // the previous m-block's
+          hand_dq_to_writer(tdQrdQ_pending);
+          dq_pending = false;
+        }
       }
       softmax_p(tSrS, m_block, stage_q, mask_tag);
       softmax_grad(tSrS, tdPrdP, stage_do);
