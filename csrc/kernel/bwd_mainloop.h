@@ -812,16 +812,29 @@ struct BwdMainloop {
       // position-independent swizzle: keeps the address in the shared space (STS, not ST.E)
       Tensor sdQ_pi = as_position_independent_swizzle_tensor(sdQ);
       if constexpr (kdQStagePermuted) {
-        // (row, column) of each accumulator value; values 2i and 2i + 1 are columns c, c + 1
-        // of one row (wgmma's C fragment), which the permutation keeps adjacent.
+        // wgmma's C fragment: value i of thread t sits at (row, column) = t's first value's
+        // + thread 0's value i; the offsets are multiples of 8 rows and of 8 columns (values
+        // 2i and 2i + 1 are columns c, c + 1 of one row), the thread's first column is
+        // 2 * (lane % 4) past a multiple of 32. So r & 7 (the swizzle) and r & 3 (the
+        // permutation) are the thread's, the 8-column segment within 32 columns is the
+        // value's: four addresses per thread, one per segment, and whole 8 x 32 swizzle atoms
+        // (1 KB, which the swizzle leaves alone) added as immediates.
         Tensor tdQcdQ = thr.partition_C(make_identity_tensor(ShapedQ{}));
+        Tensor tdQcdQ0 = tiled_mma_dQ.get_thread_slice(0).partition_C(make_identity_tensor(ShapedQ{}));
         static_assert(size(decltype(tdQcdQ){}) % 2 == 0);
+        int const r0 = get<0>(tdQcdQ(0)), c0 = get<1>(tdQcdQ(0));
+        uint32_t seg_addr[4];
+        CUTLASS_PRAGMA_UNROLL
+        for (int seg = 0; seg < 4; ++seg) {
+          int const c = (c0 & ~31) + 8 * (seg ^ (r0 & 3)) + (c0 & 7);
+          seg_addr[seg] = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdQ_pi(r0, c)));
+        }
+        auto natural = get_nonswizzle_portion(SmemLayoutdQ{});
         named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tdQrdQ); i += 2) {
-          int const r = get<0>(tdQcdQ(i));
-          int const c = get<1>(tdQcdQ(i)) ^ ((r & 3) << 3);
-          uint32_t const addr = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdQ_pi(r, c)));
+          int const dr = get<0>(tdQcdQ0(i)), dc = get<1>(tdQcdQ0(i));
+          uint32_t const addr = seg_addr[(dc >> 3) & 3] + 4u * uint32_t(natural(dr, dc & ~31));
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(tdQrdQ(i)), "f"(tdQrdQ(i + 1))
                        : "memory");
         }
