@@ -22,6 +22,7 @@
 
 #include "bwd_main_launch.h"
 #include "bwd_params.h"
+#include "grid_dependency.h"
 #include "kernel/bwd_config.h"
 #include "kernel/bwd_kernel.h"
 
@@ -117,8 +118,10 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   int const smem_size = Kernel::kSharedStorageSize;
   detail::set_smem_attribute_once(kernel_fn, smem_size);
   dim3 const grid = Scheduler::grid_shape(sched);
-  kernel_fn<<<grid, Kernel::kNumThreads, smem_size, stream>>>(kparams);
-  detail::check_cuda(cudaGetLastError(), "kernel launch");
+  // programmatic: the kernel starts while the preprocess (or the classification) drains
+  detail::check_cuda(launch_kernel(kernel_fn, grid, dim3(Kernel::kNumThreads), smem_size, stream,
+                                   p.programmatic_launch, kparams),
+                     "kernel launch");
 }
 
 template <DType kDType, int kHeadDim>

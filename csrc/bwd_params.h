@@ -150,6 +150,9 @@ struct BwdParams {
 
   int num_sms = 0;   // multiprocessors of the device (grid sizes of the pre/post kernels)
   int l2_bytes = 0;  // L2 cache size of the device (the main kernel's scheduling sections)
+  // The main and postprocess kernels start while the kernel before them drains (programmatic
+  // dependent launch, csrc/grid_dependency.h); false: plain launches, each after the last.
+  bool programmatic_launch = true;
 };
 
 }  // namespace sm90_sdpa

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "bwd_params.h"
+#include "grid_dependency.h"
 #include "mask_bounds.h"
 #include "numeric.h"
 #include "prepost.h"
@@ -119,6 +120,8 @@ __device__ __forceinline__ void zero_row(float* p, int n, int lane, int group, b
 template <typename T, bool kVecIn, bool kVecAcc, bool kBounds>
 __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreArgs a) {
   static_assert(kThreads == mask_bounds::kBoundsThreads, "a bounds CTA is a preprocess CTA");
+  // the main kernel may start on the SMs this launch leaves free (grid_dependency.h)
+  allow_dependent_grids();
   int block = blockIdx.x, blocks = gridDim.x;
   if constexpr (kBounds) {
     if (block < a.bounds_ctas) {
@@ -211,6 +214,7 @@ struct PostArgs {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) bwd_postprocess_kernel(const PostArgs a) {
+  wait_for_prior_grid();  // the main kernel's accumulators (grid_dependency.h)
   const PostJob j = a.job[blockIdx.y];
   const int group = 1 << j.group_log2;
   const int lane = threadIdx.x & (group - 1);
@@ -425,14 +429,17 @@ void run_bwd_postprocess(const BwdParams& p, cudaStream_t stream) {
   int64_t chunks = 1;
   for (int i = 0; i < num_jobs; ++i) chunks = a.job[i].chunks > chunks ? a.job[i].chunks : chunks;
   // (dq's CTAs come first; the smaller GQA dk / dv jobs take the slots they free)
+  // (the launch's error is the caller's to check, as for the <<<>>> launches)
   if (p.dtype == DType::kFloat16) {
     auto* kernel = bwd_postprocess_kernel<__half>;
     static const int per_sm = blocks_per_sm(kernel);
-    kernel<<<dim3(grid_for_chunks(chunks, per_sm, p.num_sms), num_jobs), kThreads, 0, stream>>>(a);
+    launch_kernel(kernel, dim3(grid_for_chunks(chunks, per_sm, p.num_sms), num_jobs), dim3(kThreads),
+                  0, stream, p.programmatic_launch, a);
   } else {
     auto* kernel = bwd_postprocess_kernel<__nv_bfloat16>;
     static const int per_sm = blocks_per_sm(kernel);
-    kernel<<<dim3(grid_for_chunks(chunks, per_sm, p.num_sms), num_jobs), kThreads, 0, stream>>>(a);
+    launch_kernel(kernel, dim3(grid_for_chunks(chunks, per_sm, p.num_sms), num_jobs), dim3(kThreads),
+                  0, stream, p.programmatic_launch, a);
   }
 }
 

@@ -377,8 +377,17 @@ DeterministicOrder deterministic_order(const BwdProblem& p) {
                                  : DeterministicOrder::kKeysDescending;
 }
 
+// TORCH_SM90_SDPA_PDL=0 launches the kernels of a call one after the other (read per call,
+// so that a benchmark can interleave both); by default the main kernel and the postprocess
+// start while the kernel before them drains (csrc/grid_dependency.h).
+static bool programmatic_launch_from_env() {
+  const char* env = std::getenv("TORCH_SM90_SDPA_PDL");
+  return env == nullptr || std::string(env) != "0";
+}
+
 BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale) {
   BwdParams n;
+  n.programmatic_launch = programmatic_launch_from_env();
   n.batch = p.batch;
   n.heads_q = p.heads_q;
   n.heads_kv = p.heads_kv;
@@ -600,12 +609,8 @@ void run(const BwdParams& params, cudaStream_t stream) {
   // the order the variant's main kernel writes, whatever the caller filled in
   p.dq_accum_permuted = dq_accum_permuted_for(p.head_dim);
   cudaGetLastError();
-  run_bwd_preprocess(p, stream);
-  check_launch("preprocess kernel");
-  if (p.mask_kind != MaskKind::kNone) {
-    run_mask_classify(p, stream);
-    check_launch("mask classification kernel");
-  }
+  // Before the preprocess, so that the kernels run back to back: the main kernel's
+  // programmatic launch (grid_dependency.h) depends on the kernel right before it.
   if (p.deterministic) {  // every m-block's count of added dQ tiles starts at 0
     const int bm = tile_block_m(p.head_dim);
     const int64_t count = int64_t(p.batch) * p.heads_q * ((p.seqlen_q + bm - 1) / bm);
@@ -613,6 +618,12 @@ void run(const BwdParams& params, cudaStream_t stream) {
     if (err != cudaSuccess) {
       fail_runtime(cat("cudaMemsetAsync(dq_semaphore) failed: ", cudaGetErrorString(err)));
     }
+  }
+  run_bwd_preprocess(p, stream);
+  check_launch("preprocess kernel");
+  if (p.mask_kind != MaskKind::kNone) {
+    run_mask_classify(p, stream);
+    check_launch("mask classification kernel");
   }
   dispatch_main(p, stream);
   check_launch("main backward kernel");

@@ -319,6 +319,22 @@ def test_masked_workspace_has_tile_classes_ranges_bits_and_bounds(mask_dtype):
 
 
 @needs_C
+def test_make_params_reads_the_programmatic_launch_switch(monkeypatch):
+    # TORCH_SM90_SDPA_PDL=0: plain launches (csrc/grid_dependency.h); anything else or unset:
+    # the main and post kernels launched programmatically. Read per call.
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
+    lse = torch.randn(1, 2, 70)
+    monkeypatch.delenv("TORCH_SM90_SDPA_PDL", raising=False)
+    assert cb.make_params(q, q, q, q, q, lse)[0].programmatic_launch
+    monkeypatch.setenv("TORCH_SM90_SDPA_PDL", "0")
+    assert not cb.make_params(q, q, q, q, q, lse)[0].programmatic_launch
+    monkeypatch.setenv("TORCH_SM90_SDPA_PDL", "1")
+    assert cb.make_params(q, q, q, q, q, lse)[0].programmatic_launch
+
+
+@needs_C
 @pytest.mark.parametrize("d", sorted(gen.TILES))
 def test_make_params_sets_the_dq_accum_order_of_the_head_dims_kernel(d):
     # d192 / d256 stage dQ with permuted segments (bwd_mainloop.h) and dq_accum keeps that

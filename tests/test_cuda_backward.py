@@ -237,6 +237,43 @@ def test_expanded_kv_heads():
         assert_close_to_reference(ours, st, ref, name)
 
 
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("mode", ["default", "gqa", "deterministic", "mask"])
+def test_programmatic_launch_matches_plain_launches(head_dim, mode, monkeypatch):
+    """The main and post kernels launched programmatically (csrc/grid_dependency.h: they start
+    while the kernel before them drains and wait for its writes) give the gradients of plain
+    launches (TORCH_SM90_SDPA_PDL=0): bit for bit in deterministic mode, to the rounding of
+    reordered fp32 atomics otherwise; both within the fp64 criterion."""
+    dtype = torch.bfloat16
+    need_variant(head_dim, dtype)
+    hkv = 1 if mode == "gqa" else 4
+    q, k, v, dout = make_inputs(2, 4, hkv, 1000, 1000, head_dim, dtype, seed=11)
+    scale = 1 / math.sqrt(head_dim)
+    out, lse = stock_forward(q, k, v, True, scale)
+    # "mask": a causal bool mask, for the masked kernel (it waits before walking the tile classes)
+    mask = causal_mask(1000, 1000, "cuda") if mode == "mask" else None
+    is_causal = mode != "mask"
+    det = mode == "deterministic"
+    _, _, rdq, rdk, rdv = reference(q, k, v, dout, True, scale)
+    sdq, sdk, sdv = stock_backward(q, k, v, dout, True, scale)
+
+    def run():
+        return sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, det, mask)
+
+    monkeypatch.setenv("TORCH_SM90_SDPA_PDL", "1")
+    programmatic = run()
+    monkeypatch.setenv("TORCH_SM90_SDPA_PDL", "0")
+    plain = run()
+    for a, b, st, ref, name in zip(programmatic, plain, (sdq, sdk, sdv), (rdq, rdk, rdv),
+                                   ("dq", "dk", "dv")):
+        assert_close_to_reference(a, st, ref, name)
+        if det:
+            assert torch.equal(a, b), name
+        else:
+            torch.testing.assert_close(a, b, atol=2e-3 * max(b.abs().max().item(), 1e-3), rtol=1e-2,
+                                       msg=name)
+
+
 @pytest.mark.parametrize("shape", [(0, 4, 4, 100, 100), (2, 4, 4, 0, 100), (2, 4, 4, 100, 0)],
                          ids=["batch0", "sq0", "sk0"])
 def test_empty(shape):

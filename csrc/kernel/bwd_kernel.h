@@ -61,6 +61,9 @@ struct BwdKernel {
 
   CUTE_DEVICE void operator()(Params const& params, char* smem_buf) {
     SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_buf);
+    // The postprocess may be scheduled once every CTA of this grid has started: its CTAs then
+    // take the SMs this grid's last wave leaves (grid_dependency.h).
+    allow_dependent_grids();
     int const warp_idx = cutlass::canonical_warp_idx_sync();
     int const warp_group_idx = cutlass::canonical_warp_group_idx();
 

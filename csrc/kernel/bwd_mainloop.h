@@ -19,6 +19,7 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 
 #include "../bwd_params.h"
+#include "../grid_dependency.h"
 #include "../numeric.h"
 #include "bwd_config.h"
 #include "utils.h"
@@ -409,6 +410,9 @@ struct BwdMainloop {
   CUTE_DEVICE void load(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
                         PipelineStateQ& write_q, PipelineStatedO& write_do, SharedStorage& ss, int n_block,
                         int bidh, int bidb) {
+    // The walk of a mask reads the classification's output (grid_dependency.h); without a
+    // mask, K and V (inputs of the call) are loaded before the wait.
+    if (params.mask_kind != MaskKind::kNone) { wait_for_prior_grid(); }
     auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
     unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
     int const m_first = first_m_block(params, classes, m_min, m_max);
@@ -481,11 +485,12 @@ struct BwdMainloop {
         copy(bulk_copy.with(*bar), gdPsum(_, m), sdPsum(_, write_do.index()));
         ++write_do;
       };
-      load_q(m_first);
       using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
       ss.pipelines.barrier_KV.arrive_and_expect_tx(2 * kTmaBytesK);
       copy(params.tma_load_K.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tKgK, tKsK);
       copy(params.tma_load_V.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tVgV, tVsV);
+      wait_for_prior_grid();  // lse_log2 and dpsum come from the preprocess
+      load_q(m_first);
       int m = m_first;
       CUTLASS_PRAGMA_NO_UNROLL
       for (int m_next = following_m_block(params, classes, m, m_min, m_max); m_next >= 0;
@@ -526,6 +531,7 @@ struct BwdMainloop {
 
   template <class SharedStorage>
   CUTE_DEVICE void store_dq(Params const& params, SharedStorage& ss, int n_block, int bidh, int bidb) {
+    wait_for_prior_grid();  // dq_accum zeroed by the preprocess, a mask's tile classes
     auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
     unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
     int const m_first = first_m_block(params, classes, m_min, m_max);
@@ -574,6 +580,9 @@ struct BwdMainloop {
   CUTE_DEVICE bool mma(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
                        PipelineStateQ& read_q, PipelineStatedO& read_do, FrgdKV& tdKrdK, FrgdKV& tdVrdV,
                        int thread_idx, int n_block, int bidh, int bidb, SharedStorage& ss) {
+    // a mask's tile classes; GQA's dk_accum / dv_accum, zeroed by the preprocess, in the
+    // epilogue (grid_dependency.h)
+    wait_for_prior_grid();
     clear(tdKrdK);
     clear(tdVrdV);
     auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
