@@ -152,7 +152,8 @@ struct BwdParams {
   int l2_bytes = 0;  // L2 cache size of the device (the main kernel's scheduling sections)
   // The main and postprocess kernels start while the kernel before them drains (programmatic
   // dependent launch, csrc/grid_dependency.h); false: plain launches, each after the last.
-  bool programmatic_launch = true;
+  // make_params sets it from TORCH_SM90_SDPA_PDL (off unless "1").
+  bool programmatic_launch = false;
 };
 
 }  // namespace sm90_sdpa

@@ -377,12 +377,13 @@ DeterministicOrder deterministic_order(const BwdProblem& p) {
                                  : DeterministicOrder::kKeysDescending;
 }
 
-// TORCH_SM90_SDPA_PDL=0 launches the kernels of a call one after the other (read per call,
-// so that a benchmark can interleave both); by default the main kernel and the postprocess
-// start while the kernel before them drains (csrc/grid_dependency.h).
+// TORCH_SM90_SDPA_PDL=1: the main kernel and the postprocess start while the kernel before
+// them drains (csrc/grid_dependency.h); read per call, so that a benchmark can interleave both.
+// Off by default until the GPU suite and tools/pdl_probe.py have run it: unset or anything
+// else launches the kernels of a call one after the other, as before.
 static bool programmatic_launch_from_env() {
   const char* env = std::getenv("TORCH_SM90_SDPA_PDL");
-  return env == nullptr || std::string(env) != "0";
+  return env != nullptr && std::string(env) == "1";
 }
 
 BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale) {

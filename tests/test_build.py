@@ -320,18 +320,19 @@ def test_masked_workspace_has_tile_classes_ranges_bits_and_bounds(mask_dtype):
 
 @needs_C
 def test_make_params_reads_the_programmatic_launch_switch(monkeypatch):
-    # TORCH_SM90_SDPA_PDL=0: plain launches (csrc/grid_dependency.h); anything else or unset:
-    # the main and post kernels launched programmatically. Read per call.
+    # TORCH_SM90_SDPA_PDL=1: the main and post kernels launched programmatically
+    # (csrc/grid_dependency.h); unset or anything else: plain launches. Read per call.
     from torch_sm90_sdpa import _cuda_backend as cb
 
     q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
     lse = torch.randn(1, 2, 70)
     monkeypatch.delenv("TORCH_SM90_SDPA_PDL", raising=False)
-    assert cb.make_params(q, q, q, q, q, lse)[0].programmatic_launch
-    monkeypatch.setenv("TORCH_SM90_SDPA_PDL", "0")
     assert not cb.make_params(q, q, q, q, q, lse)[0].programmatic_launch
     monkeypatch.setenv("TORCH_SM90_SDPA_PDL", "1")
     assert cb.make_params(q, q, q, q, q, lse)[0].programmatic_launch
+    for off in ("0", "", "yes"):
+        monkeypatch.setenv("TORCH_SM90_SDPA_PDL", off)
+        assert not cb.make_params(q, q, q, q, q, lse)[0].programmatic_launch
 
 
 @needs_C

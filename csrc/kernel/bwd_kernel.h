@@ -47,6 +47,7 @@ struct BwdKernel {
     } pipelines;
   };
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
+  static_assert(kSharedStorageSize <= 227 * 1024, "over the 227 KB of shared memory an SM90 CTA can have");
 
   struct Params {
     typename Mainloop::Params mainloop;
