@@ -11,6 +11,10 @@
 // signals at its start, allow_dependent_grids()), so a waiting CTA never holds an SM that a
 // CTA it waits on needs.
 // Launched without the attribute, both instructions are no-ops.
+// Invariant: the preprocess is launched plainly, so it starts only once everything before it
+// in the stream (the kernels that wrote q, k, v, out, dout) has completed. That is what lets
+// the main kernel read its inputs (K, V) before waiting; launching the preprocess
+// programmatically too would break it.
 #pragma once
 
 #include <cuda_runtime.h>

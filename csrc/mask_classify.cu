@@ -16,6 +16,7 @@
 #include <string>
 
 #include "bwd_params.h"
+#include "grid_dependency.h"
 #include "mask_bounds.h"
 #include "mask_classify.h"
 #include "numeric.h"
@@ -301,6 +302,9 @@ constexpr int kRangeWarps = 4;
 __global__ void __launch_bounds__(kRangeWarps * 32)
     tile_range_kernel(const unsigned char* tile_class, int2* tile_m_range, int64_t rows,
                       int num_m_blocks) {
+  // The main kernel, launched programmatically after this one, may start its prologue now;
+  // it waits for this grid's completion before it reads a class or a range (grid_dependency.h)
+  allow_dependent_grids();
   const int64_t row = int64_t(blockIdx.x) * kRangeWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;

@@ -238,22 +238,30 @@ def test_expanded_kv_heads():
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("mode", ["default", "gqa", "deterministic", "mask"])
-def test_programmatic_launch_matches_plain_launches(head_dim, mode, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mode", ["default", "gqa", "deterministic", "mask", "mask-deterministic",
+                                  "bias"])
+def test_programmatic_launch_matches_plain_launches(head_dim, dtype, mode, monkeypatch):
     """The main and post kernels launched programmatically (csrc/grid_dependency.h: they start
     while the kernel before them drains and wait for its writes) give the gradients of plain
     launches (TORCH_SM90_SDPA_PDL=0): bit for bit in deterministic mode, to the rounding of
     reordered fp32 atomics otherwise; both within the fp64 criterion."""
-    dtype = torch.bfloat16
     need_variant(head_dim, dtype)
     hkv = 1 if mode == "gqa" else 4
     q, k, v, dout = make_inputs(2, 4, hkv, 1000, 1000, head_dim, dtype, seed=11)
     scale = 1 / math.sqrt(head_dim)
     out, lse = stock_forward(q, k, v, True, scale)
-    # "mask": a causal bool mask, for the masked kernel (it waits before walking the tile classes)
-    mask = causal_mask(1000, 1000, "cuda") if mode == "mask" else None
-    is_causal = mode != "mask"
-    det = mode == "deterministic"
+    # "mask*": a causal bool mask, for the masked kernel (it waits before walking the tile
+    # classes); "bias": the same as torch's 0 / -65504 bias for cuDNN, whose empty tiles come
+    # from the score bounds of the preprocess launch's extra CTAs
+    mask = None
+    if mode.startswith("mask"):
+        mask = causal_mask(1000, 1000, "cuda")
+    elif mode == "bias":
+        mask = torch.zeros(1000, 1000, dtype=dtype, device="cuda").masked_fill(
+            ~causal_mask(1000, 1000, "cuda"), -65504.0)
+    is_causal = mask is None
+    det = mode.endswith("deterministic")
     _, _, rdq, rdk, rdv = reference(q, k, v, dout, True, scale)
     sdq, sdk, sdv = stock_backward(q, k, v, dout, True, scale)
 
@@ -302,6 +310,41 @@ def test_programmatic_launch_back_to_back(head_dim, monkeypatch):
         for got, want in zip(run_all(), plain):
             for a, b, name in zip(got, want, ("dq", "dk", "dv")):
                 assert torch.equal(a, b), name
+
+
+def test_programmatic_launch_in_a_cuda_graph(monkeypatch):
+    """Captured into a CUDA graph, the programmatic launches become programmatic edges of the
+    graph: its replays give the gradients of plain eager launches, bit for bit (deterministic
+    mode), also when the inputs change between replays."""
+    dtype = torch.bfloat16
+    head_dim = 128
+    need_variant(head_dim, dtype)
+    scale = 1 / math.sqrt(head_dim)
+    inputs = [make_inputs(2, 4, 2, 1000, 1000, head_dim, dtype, seed=30 + i) for i in range(2)]
+    problems = []
+    for q, k, v, dout in inputs:
+        out, lse = stock_forward(q, k, v, True, scale)
+        problems.append((dout, q, k, v, out, lse))
+    monkeypatch.setenv("TORCH_SM90_SDPA_PDL", "0")
+    want = [sdpa_backward(*p, True, scale, True, None) for p in problems]
+    monkeypatch.setenv("TORCH_SM90_SDPA_PDL", "1")
+    static = [t.clone() for t in problems[0]]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the capture (attributes, occupancy)
+        sdpa_backward(*static, True, scale, True, None)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = sdpa_backward(*static, True, scale, True, None)
+    for _ in range(2):
+        for i in (0, 1, 0):
+            for dst, src in zip(static, problems[i]):
+                dst.copy_(src)
+            graph.replay()
+            torch.cuda.synchronize()
+            for a, b, name in zip(got, want[i], ("dq", "dk", "dv")):
+                assert torch.equal(a, b), (i, name)
 
 
 @pytest.mark.parametrize("shape", [(0, 4, 4, 100, 100), (2, 4, 4, 0, 100), (2, 4, 4, 100, 0)],

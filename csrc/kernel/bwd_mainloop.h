@@ -411,7 +411,8 @@ struct BwdMainloop {
                         PipelineStateQ& write_q, PipelineStatedO& write_do, SharedStorage& ss, int n_block,
                         int bidh, int bidb) {
     // The walk of a mask reads the classification's output (grid_dependency.h); without a
-    // mask, K and V (inputs of the call) are loaded before the wait.
+    // mask, K and V (inputs of the call, complete before the plainly launched preprocess
+    // started: grid_dependency.h's invariant) are loaded before the wait.
     if (params.mask_kind != MaskKind::kNone) { wait_for_prior_grid(); }
     auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
     unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
