@@ -4,7 +4,8 @@
 # TORCH_SM90_SDPA_PDL themselves), then tools/pdl_probe.py in this tree. At most 8 files come
 # back from a device call, so only these go to OUTDIR: ab_summary.txt, a.txt / b.txt / c.txt
 # (the rounds), tests_a.txt / tests_b.txt / tests_c.txt, pdl_probe.txt.
-#   bash tools/ab_rounds/defer_dv_call.sh "$OUT"     (carry .whl; about 9 minutes)
+#   bash tools/ab_rounds/defer_dv_call.sh "$OUT"     (carry .whl; estimated 9-10 minutes: builds about 200 s, rounds 150 s,
+#   tests 150 s, probe 60 s)
 set -u
 OUTD=${1:?usage: $0 OUTDIR}
 export PYTHONUNBUFFERED=1 TORCH_SM90_SDPA_HEAD_DIMS=96,128
@@ -23,6 +24,6 @@ for s in a b c; do
      python3 -m pytest -n 5 -q tests/test_cuda_backward.py > "$OUTD/tests_$s.txt" 2>&1) &
 done
 wait
-PYTHONPATH="$(pwd)/build/gpu_deps:$(pwd)" timeout 120 python3 tools/pdl_probe.py --rounds 7 \
+PYTHONPATH="$(pwd)/build/gpu_deps:$(pwd)" timeout 90 python3 tools/pdl_probe.py --rounds 7 \
   > "$OUTD/pdl_probe.txt" 2>&1
 for s in a b c; do echo "tests $s: $(tail -n 1 "$OUTD/tests_$s.txt")"; done
