@@ -8,7 +8,7 @@
 #   tests 150 s, probe 60 s)
 set -u
 OUTD=${1:?usage: $0 OUTDIR}
-export PYTHONUNBUFFERED=1 TORCH_SM90_SDPA_HEAD_DIMS=96,128
+export PYTHONUNBUFFERED=1 TORCH_SM90_SDPA_HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:-96,128}
 AB=/tmp/ab
 P=tools/ab_rounds/patches
 TESTS="tests/test_build.py -k build_info" tools/ab_session.sh "$AB" \
