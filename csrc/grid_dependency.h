@@ -2,7 +2,8 @@
 //
 // The backward runs its kernels back to back on one stream: preprocess -> [mask
 // classification] -> main -> postprocess. The main and postprocess kernels are launched with
-// cudaLaunchAttributeProgrammaticStreamSerialization (BwdParams::programmatic_launch), so a
+// cudaLaunchAttributeProgrammaticStreamSerialization when BwdParams::programmatic_launch is set
+// (TORCH_SM90_SDPA_PDL=1; off by default until it has run on the GPU), so a
 // kernel's CTAs may start while the kernel before it drains: the main kernel's prologue and its
 // K / V loads overlap the preprocess's tail, and the postprocess's launch overlaps the main
 // kernel's last wave. Each thread that reads anything the kernel before wrote first calls
