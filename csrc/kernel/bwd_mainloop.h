@@ -861,17 +861,21 @@ struct BwdMainloop {
     // step's S and dP wgmmas are issued (or after the loop): handed at once, it waited for the
     // TMA reduce-add of the slice before it to read the staging tile (ncu at d256, 18e7339:
     // the first dQ store after that barrier held 20% of the kernel's warp stall samples).
-    // Dense kernel only: in the masked kernel (three step variants) ptxas stopped inlining
-    // the step and serialized its wgmmas (C7519, a 1.6 KB stack frame at d256).
-    constexpr bool kDeferLastdQSlice = kdQSlices > 1 && !kMasked;
+    // The masked kernel (three step variants) needs bwd_step forced inline for this: left
+    // to the inliner, the step became a call with a 1.6 KB stack frame and its wgmmas were
+    // serialized (C7519 at d256). Measured at d256 b8 h8/2 s2048 with a causal bias (H200,
+    // main kernel): 0.986 against 1.085 ms without the deferral.
+    constexpr bool kDeferLastdQSlice = kdQSlices > 1;
     Tensor tdQrdQ_last = partition_fragment_C(tiled_mma_dQ, ShapedQ{});
     // (copied out of the wgmma's accumulator: a GMMA-defined register read while the next
     // step's wgmmas run made ptxas inject a full warpgroup.wait, C7517)
     Tensor tdQrdQ_pending = make_tensor_like(tdQrdQ_last);
     bool dq_pending = false;
 
-    // One m-block; mask_tag: cute::Int<kMaskNone / kMaskValues / kMaskBits>.
-    auto bwd_step = [&](int m_block, auto mask_tag) {
+    // One m-block; mask_tag: cute::Int<kMaskNone / kMaskValues / kMaskBits>. Forced inline:
+    // with the deferred dQ slice carried from step to step, the masked kernel's three
+    // instantiations were otherwise left as calls (see kDeferLastdQSlice).
+    auto bwd_step = [&](int m_block, auto mask_tag) __attribute__((always_inline)) {
       int const stage_q = read_q.index();
       int const stage_do = read_do.index();
       int const stage_ds = kStagesdS == 1 ? 0 : stage_q;

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One device call that checks the commit that lands: all ten variants built
+# (tools/device_session.sh, smoke test only), `bench_bwd.py --extra --json` (the side-by-side
+# table of BENCHMARKS.md), the main-kernel ms of PROFILE_ARGS (default: d256 b8 h8/2 s2048,
+# is_causal against a causal bias), then the GPU suite (`pytest -n 8 tests`) with
+# compute-sanitizer memcheck on tools/sanitize_case.py beside it.
+#
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/landing_call.sh "$OUT"   (carry .whl)
+#
+# A device call brings back at most 8 files, so OUTDIR gets: summary.txt, bench_bwd_full.json,
+# logs.tgz (every log), prebuilt/ (3 files: the build, for PREBUILT=1 in a later call).
+# Estimated 8-9 minutes: build about 190 s, bench about 120 s, suite and memcheck about 200 s.
+set -uo pipefail
+OUTD=${1:?usage: $0 OUTDIR}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+export PYTHONUNBUFFERED=1 GIT_COMMIT=${GIT_COMMIT:-unknown}
+LOGS=/tmp/landing_logs
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+t0=$(date +%s)
+stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUTD/summary.txt"; }
+
+bash tools/device_session.sh "$LOGS/session" none > "$LOGS/device_session.txt" 2>&1
+stamp "build + smoke test: exit $?, $(grep -m1 '^result' "$LOGS/session/check/summary.txt" 2>/dev/null)"
+cp -r "$LOGS/session/prebuilt" "$OUTD/" 2>/dev/null
+export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"
+
+python3 benchmarks/bench_bwd.py --extra --json "$OUTD/bench_bwd_full.json" > "$LOGS/bench_bwd.txt" 2>&1
+stamp "bench_bwd --extra: exit $?, $(grep 'ours / cudnn' "$LOGS/bench_bwd.txt" | tail -n 1)"
+
+python3 benchmarks/profile_bwd.py ${PROFILE_ARGS:---b 8 --h 8 --kv-heads 2 --s 2048 --d 256 --reps 10} \
+  > "$LOGS/profile_bwd.txt" 2>&1
+stamp "profile_bwd: exit $?"
+
+timeout 260 compute-sanitizer --tool memcheck python3 tools/sanitize_case.py > "$LOGS/memcheck.txt" 2>&1 &
+memcheck_pid=$!
+timeout ${SUITE_TIMEOUT_S:-300} python3 -m pytest -n 8 -q -p no:cacheprovider tests > "$LOGS/suite.txt" 2>&1
+stamp "GPU suite: exit $?, $(tail -n 1 "$LOGS/suite.txt")"
+wait "$memcheck_pid"
+stamp "memcheck: exit $?, $(grep 'ERROR SUMMARY' "$LOGS/memcheck.txt" | tail -n 1)"
+
+tar czf "$OUTD/logs.tgz" -C "$LOGS" .
+grep -E "^d=|geometric" "$LOGS/bench_bwd.txt" | tail -n 70
+grep -E "^-- |bwd_main" "$LOGS/profile_bwd.txt" | cut -c1-60
+cat "$OUTD/summary.txt"
