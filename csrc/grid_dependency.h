@@ -3,12 +3,12 @@
 // The backward runs its kernels back to back on one stream: preprocess -> [mask
 // classification] -> main -> postprocess. The main and postprocess kernels are launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization when BwdParams::programmatic_launch is set
-// (TORCH_SM90_SDPA_PDL=1; off by default until it has run on the GPU), so a
-// kernel's CTAs may start while the kernel before it drains: the main kernel's prologue and its
-// K / V loads overlap the preprocess's tail, and the postprocess's launch overlaps the main
-// kernel's last wave. Each thread that reads anything the kernel before wrote first calls
-// wait_for_prior_grid(), which returns once that kernel has completed and its writes are
-// visible. The earlier kernels' CTAs are all resident before a dependent CTA starts (a CTA
+// (TORCH_SM90_SDPA_PDL=1; off by default: tested on the H200, it measured 0.9-1.4% faster
+// back to back only), so a kernel's CTAs may start while the kernel before it drains: the main
+// kernel's prologue and its K / V loads overlap the preprocess's tail, and the postprocess's
+// launch overlaps the main kernel's last wave. Each thread that reads anything the kernel
+// before wrote first calls wait_for_prior_grid(), which returns once that kernel has completed
+// and its writes are visible. The earlier kernels' CTAs are all resident before a dependent CTA starts (a CTA
 // signals at its start, allow_dependent_grids()), so a waiting CTA never holds an SM that a
 // CTA it waits on needs.
 // Launched without the attribute, both instructions are no-ops.

@@ -1,4 +1,4 @@
-# A/B round prepared in the twelfth session (not run yet: no device machine was lent), with
+# A/B round prepared in the twelfth session, run in the thirteenth (results: BENCHMARKS.md), with
 # TORCH_SM90_SDPA_HEAD_DIMS=96,128,256 (bf16). Trees (tools/ab_rounds/deferrals_call.sh):
 #   a = main;
 #   b = patches/defer-dv.patch: the d96 / d128 dense kernels issue an m-block's dV in the next

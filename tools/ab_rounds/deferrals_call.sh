@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call, prepared in the twelfth session (not run yet): the A/B of deferrals.sh
+# One device call, prepared in the twelfth session and run in the thirteenth (401 s): the A/B of deferrals.sh
 # (three trees, d96 / d128 / d256 bf16 built side by side, two alternating rounds), then the
 # masked kernels' float64 tests in tree c (its masked kernels changed), then
 # tools/pdl_probe.py in this tree (programmatic launch on / off). The full GPU suite is for the
