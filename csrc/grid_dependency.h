@@ -8,9 +8,9 @@
 // kernel's prologue and its K / V loads overlap the preprocess's tail, and the postprocess's
 // launch overlaps the main kernel's last wave. Each thread that reads anything the kernel
 // before wrote first calls wait_for_prior_grid(), which returns once that kernel has completed
-// and its writes are visible. The earlier kernels' CTAs are all resident before a dependent CTA starts (a CTA
-// signals at its start, allow_dependent_grids()), so a waiting CTA never holds an SM that a
-// CTA it waits on needs.
+// and its writes are visible. The earlier kernels' CTAs are all resident before a dependent
+// CTA starts (a CTA signals at its start, allow_dependent_grids()), so a waiting CTA never
+// holds an SM that a CTA it waits on needs.
 // Launched without the attribute, both instructions are no-ops.
 // Invariant: the preprocess is launched plainly, so it starts only once everything before it
 // in the stream (the kernels that wrote q, k, v, out, dout) has completed. That is what lets
