@@ -1,6 +1,7 @@
 // Declaration of the main SM90 backward kernel's launcher, one explicit instantiation per
 // (dtype, head dim) in a generated file csrc/instantiations/bwd_main_<dtype>_hdim<D>.cu (its
-// masked kernel in bwd_main_<dtype>_hdim<D>_masked.cu).
+// masked kernel in bwd_main_<dtype>_hdim<D>_masked.cu, a full-tile kernel in
+// bwd_main_<dtype>_hdim<D>_full.cu).
 // The definition lives in bwd_main_launch_template.h.
 #pragma once
 
@@ -17,8 +18,9 @@ namespace sm90_sdpa {
 template <DType kDType, int kHeadDim>
 void run_bwd_main(const BwdParams& params, cudaStream_t stream);
 
-// One of run_bwd_main's two kernels: with (kMasked) or without a mask.
-template <DType kDType, int kHeadDim, bool kMasked>
+// One of run_bwd_main's kernels: with (kMasked) or without a mask, with the tile Cfg
+// (kernel::DefaultBwdConfig<D> or kernel::FullBwdConfig<D>, kernel/bwd_config.h).
+template <DType kDType, int kHeadDim, bool kMasked, class Cfg>
 void launch_bwd_main(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace sm90_sdpa

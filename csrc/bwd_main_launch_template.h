@@ -1,7 +1,7 @@
 // Definition of run_bwd_main<DType, D> (declared in bwd_main_launch.h) and of the launcher of
-// each of its two kernels, launch_bwd_main<DType, D, kMasked>: builds the TMA descriptors and
+// each of its kernels, launch_bwd_main<DType, D, kMasked, Cfg>: builds the TMA descriptors and
 // launches the SM90 main backward kernel. Included by the generated
-// csrc/instantiations/bwd_main_<dtype>_hdim<D>[_masked].cu (explicit instantiations).
+// csrc/instantiations/bwd_main_<dtype>_hdim<D>[_masked|_full].cu (explicit instantiations).
 #pragma once
 
 // 64xNx16 wgmma shapes with N not a power of two (e.g. 48 for head dim 96 split in two).
@@ -68,10 +68,10 @@ void set_smem_attribute_once(KernelFn kernel_fn, int smem_size) {
 
 // kMasked: the kernel that reads tile classes (params.mask_kind set); the other one has no
 // mask code at all, so the mask's code paths cost the dense kernel no registers.
-template <DType kDType, int kHeadDim, bool kMasked>
+// Cfg: the tile (DefaultBwdConfig<D>, or FullBwdConfig<D> for the calls run_bwd_main gives it).
+template <DType kDType, int kHeadDim, bool kMasked, class Cfg>
 void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   using Element = typename detail::ElementOf<kDType>::type;
-  using Cfg = kernel::DefaultBwdConfig<kHeadDim>;
   using Mainloop = kernel::BwdMainloop<Cfg, Element, kMasked>;
   using Epilogue = kernel::BwdEpilogue<Cfg, Element, Mainloop>;
   using Scheduler = kernel::SingleTileScheduler;
@@ -126,11 +126,20 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
 
 template <DType kDType, int kHeadDim>
 void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
+  using Default = kernel::DefaultBwdConfig<kHeadDim>;
+  using Full = kernel::FullBwdConfig<kHeadDim>;
   if (params.mask_kind != MaskKind::kNone) {
-    launch_bwd_main<kDType, kHeadDim, true>(params, stream);
-  } else {
-    launch_bwd_main<kDType, kHeadDim, false>(params, stream);
+    launch_bwd_main<kDType, kHeadDim, true, Default>(params, stream);
+    return;
   }
+  if constexpr (Full::kHasFullTile) {
+    // (the tile classes and the deterministic semaphores are laid out by the default tile)
+    if (!params.is_causal && !params.deterministic) {
+      launch_bwd_main<kDType, kHeadDim, false, Full>(params, stream);
+      return;
+    }
+  }
+  launch_bwd_main<kDType, kHeadDim, false, Default>(params, stream);
 }
 
 }  // namespace sm90_sdpa

@@ -6,9 +6,11 @@ configuration per head dim) are the only statement of the variants. Everything e
 generated from them or checked against them:
 
   csrc/instantiations/bwd_main_<dtype>_hdim<D>.cu   per variant: the kernel without a mask and
-                                   run_bwd_main (which picks one of the two kernels)
+                                   run_bwd_main (which picks one of the kernels)
   csrc/instantiations/bwd_main_<dtype>_hdim<D>_masked.cu   per variant: the kernel with a mask
                                    (two files: they compile in parallel)
+  csrc/instantiations/bwd_main_<dtype>_hdim<D>_full.cu   head dims of TILES_FULL: the dense
+                                   kernel with the tile of calls neither causal nor deterministic
   csrc/instantiations/variants.h   TORCH_SM90_SDPA_FOR_EACH_VARIANT(X), the C++ dispatch list;
                                    the DefaultBwdConfig<D> tile specializations; a check that
                                    sm90_sdpa::DType has these codes
@@ -58,6 +60,7 @@ class Tile(NamedTuple):
     atom_n_dkv: int
     atom_m_dq: int
     dq_slices: int      # dQ computed in this many column slices
+    swap_dq: bool = False  # dQ^T = K^T dS^T (block_m need not be a multiple of 64)
 
 
 # The main kernel's tile per head dim (bf16 and fp16 share it); its keys are the head dims
@@ -68,6 +71,13 @@ TILES: Dict[int, Tile] = {
     128: Tile(64, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1),
     192: Tile(64, 64, 2, 2, 2, 1, False, True, 1, 2, 1, 1),
     256: Tile(64, 64, 2, 2, 1, 1, False, True, 1, 2, 1, 2),
+}
+# Head dims whose dense kernel has a tile of its own for calls that are neither causal nor
+# deterministic (FullBwdConfig<D>: a third kernel in bwd_main_<dtype>_hdim<D>_full.cu). The
+# masked, causal and deterministic kernels keep TILES' tile: the mask classification and the
+# deterministic semaphores are laid out by it.
+TILES_FULL: Dict[int, Tile] = {
+    128: Tile(80, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1, True),
 }
 DEFAULT_HEAD_DIMS: Tuple[int, ...] = tuple(sorted(TILES))
 DEFAULT_DTYPES: Tuple[str, ...] = tuple(DTYPES)
@@ -128,8 +138,18 @@ def variants(head_dims: Iterable[int], dtypes: Iterable[str]) -> List[Variant]:
     return [(dt, d) for dt in DTYPES if dt in dts for d in sorted(set(head_dims))]
 
 
-def instantiation_filename(dtype: str, head_dim: int, masked: bool = False) -> str:
-    return f"bwd_main_{dtype}_hdim{head_dim}{'_masked' if masked else ''}.cu"
+KERNEL_KINDS = ("dense", "masked", "full")  # the main kernels of a variant (one file each)
+
+
+def kernel_kinds(head_dim: int) -> Tuple[str, ...]:
+    """The kernels of a head dim: the dense and masked ones, and the full-tile one of
+    TILES_FULL."""
+    return KERNEL_KINDS if head_dim in TILES_FULL else KERNEL_KINDS[:2]
+
+
+def instantiation_filename(dtype: str, head_dim: int, kind: str = "dense") -> str:
+    suffix = "" if kind == "dense" else "_" + kind
+    return f"bwd_main_{dtype}_hdim{head_dim}{suffix}.cu"
 
 
 def template_header_exists(csrc_dir: str = HERE) -> bool:
@@ -150,19 +170,29 @@ def write_if_changed(path: str, text: str) -> bool:
     return True
 
 
-def instantiation_source(dtype: str, head_dim: int, masked: bool = False) -> str:
+def instantiation_source(dtype: str, head_dim: int, kind: str = "dense") -> str:
     enum = DTYPES[dtype][0]
-    launch = f"launch_bwd_main<DType::{enum}, {head_dim}, %s>(const BwdParams&, cudaStream_t);\n"
-    if masked:
-        body = "template void " + launch % "true"
+    default_cfg = f"kernel::DefaultBwdConfig<{head_dim}>"
+    full_cfg = f"kernel::FullBwdConfig<{head_dim}>"
+    launch = (f"launch_bwd_main<DType::{enum}, {head_dim}, %s, %s>(const BwdParams&, "
+              "cudaStream_t);\n")
+    if kind == "masked":
+        body = "template void " + launch % ("true", default_cfg)
+    elif kind == "full":
+        body = "template void " + launch % ("false", full_cfg)
     else:
-        body = ("extern template void " + launch % "true"  # in the _masked file
-                + "template void " + launch % "false"
+        body = ("extern template void " + launch % ("true", default_cfg)  # in the _masked file
+                + ("extern template void " + launch % ("false", full_cfg)  # in the _full file
+                   if head_dim in TILES_FULL else "")
+                + "template void " + launch % ("false", default_cfg)
                 + f"template void run_bwd_main<DType::{enum}, {head_dim}>(const BwdParams&, cudaStream_t);\n")
+    what = {"masked": "with a mask.\n",
+            "full": "without a mask, tile of calls neither causal nor deterministic.\n",
+            "dense": "without a mask; run_bwd_main.\n"}[kind]
     return (
         HEADER_NOTE
         + f"// Main SM90 backward kernel, dtype {dtype}, head dim {head_dim}, "
-        + ("with a mask.\n" if masked else "without a mask; run_bwd_main.\n")
+        + what
         + f'#include "{TEMPLATE_HEADER}"\n\n'
         + "namespace sm90_sdpa {\n"
         + body
@@ -216,15 +246,20 @@ def tile_configs_header() -> str:
         "// The main kernel's tile per head dim (TILES in csrc/generate_instantiations.py).\n",
         "#pragma once\n\n",
         "namespace sm90_sdpa {\nnamespace kernel {\n\n",
-        "//                                       D    M    N  WG  Q dO dS  swapSdP swapdKV "
-        "MSdP NdKV MdQ slices\n",
+        "//                  D    M    N  WG  Q dO dS  swapSdP swapdKV MSdP NdKV MdQ slices swapdQ\n",
     ]
+    def config(d: int, t: Tile) -> str:
+        return (f"BwdTileConfig<{d}, {t.block_m}, {t.block_n}, {t.mma_wg}, {t.stages_q}, "
+                f"{t.stages_do}, {t.stages_ds}, {_cpp_bool(t.swap_sdp)}, {_cpp_bool(t.swap_dkv)}, "
+                f"{t.atom_m_sdp}, {t.atom_n_dkv}, {t.atom_m_dq}, {t.dq_slices}, "
+                f"{_cpp_bool(t.swap_dq)}>")
+
     for d, t in sorted(TILES.items()):
-        lines.append(
-            f"template <> struct DefaultBwdConfig<{d}>\n"
-            f"    : BwdTileConfig<{d}, {t.block_m}, {t.block_n}, {t.mma_wg}, {t.stages_q}, "
-            f"{t.stages_do}, {t.stages_ds}, {_cpp_bool(t.swap_sdp)}, {_cpp_bool(t.swap_dkv)}, "
-            f"{t.atom_m_sdp}, {t.atom_n_dkv}, {t.atom_m_dq}, {t.dq_slices}> {{}};\n")
+        lines.append(f"template <> struct DefaultBwdConfig<{d}>\n    : {config(d, t)} {{}};\n")
+    lines.append("\n// the dense kernel's tile for calls neither causal nor deterministic (TILES_FULL)\n")
+    for d, t in sorted(TILES_FULL.items()):
+        lines.append(f"template <> struct FullBwdConfig<{d}>\n    : {config(d, t)} {{\n"
+                     "  static constexpr bool kHasFullTile = true;\n};\n")
     lines.append("\n}  // namespace kernel\n}  // namespace sm90_sdpa\n")
     return "".join(lines)
 
@@ -233,12 +268,15 @@ def tile_table_markdown() -> str:
     """The tile table of docs/KERNEL.md."""
     rows = ["| D | tile (M x N) | MMA WGs | stages Q/dO/dS | S, dP | dV, dK | dQ slices |",
             "|---|---|---|---|---|---|---|"]
-    for d, t in sorted(TILES.items()):
+    tiles = [(str(d), t) for d, t in sorted(TILES.items())]
+    tiles += [(f"{d}, neither causal nor deterministic", t) for d, t in sorted(TILES_FULL.items())]
+    for d, t in tiles:
         sdp = "S^T = K Q^T (swapped)" if t.swap_sdp else "S = Q K^T"
         dkv = ("dV^T = dO^T P, dK^T = Q^T dS (SS)" if t.swap_dkv else
                "RS: P^T, dS^T from registers" if t.swap_sdp else "SS")
+        dq = f"{t.dq_slices}" + (" (dQ^T = K^T dS^T)" if t.swap_dq else "")
         rows.append(f"| {d} | {t.block_m} x {t.block_n} | {t.mma_wg} | "
-                    f"{t.stages_q}/{t.stages_do}/{t.stages_ds} | {sdp} | {dkv} | {t.dq_slices} |")
+                    f"{t.stages_q}/{t.stages_do}/{t.stages_ds} | {sdp} | {dkv} | {dq} |")
     return "\n".join(rows) + "\n"
 
 
@@ -276,8 +314,8 @@ def generate(
     selected = variants(head_dims, dtypes) if main_kernel else []
     wanted = {}
     for dt, d in selected:
-        for masked in (False, True):
-            wanted[instantiation_filename(dt, d, masked)] = instantiation_source(dt, d, masked)
+        for kind in kernel_kinds(d):
+            wanted[instantiation_filename(dt, d, kind)] = instantiation_source(dt, d, kind)
     for name in sorted(os.listdir(out_dir)):
         if name.startswith("bwd_main_") and name.endswith(".cu") and name not in wanted:
             os.remove(os.path.join(out_dir, name))

@@ -94,21 +94,31 @@ def test_parse_env_values():
         gen.parse_dtypes("fp32")
 
 
-def test_generator_writes_two_files_per_variant(tmp_path):
-    """Per variant: the kernel without a mask with run_bwd_main, and the masked kernel."""
+def test_generator_writes_a_file_per_kernel(tmp_path):
+    """Per variant: the kernel without a mask with run_bwd_main, and the masked kernel; for the
+    head dims of TILES_FULL the full-tile kernel too."""
+    assert set(gen.TILES_FULL) <= set(gen.TILES) and 128 in gen.TILES_FULL and 64 not in gen.TILES_FULL
     paths = gen.generate(str(tmp_path), head_dims=(128, 64), dtypes=("bf16",), main_kernel=True)
     names = sorted(os.path.basename(p) for p in paths)
-    assert names == ["bwd_main_bf16_hdim128.cu", "bwd_main_bf16_hdim128_masked.cu",
+    assert names == ["bwd_main_bf16_hdim128.cu", "bwd_main_bf16_hdim128_full.cu",
+                     "bwd_main_bf16_hdim128_masked.cu",
                      "bwd_main_bf16_hdim64.cu", "bwd_main_bf16_hdim64_masked.cu"]
     assert sorted(os.listdir(tmp_path)) == names + ["tile_configs.h", "variants.h"]
     src = (tmp_path / "bwd_main_bf16_hdim64.cu").read_text()
     assert '#include "bwd_main_launch_template.h"' in src
     assert "template void run_bwd_main<DType::kBFloat16, 64>(const BwdParams&, cudaStream_t);" in src
-    assert "\ntemplate void launch_bwd_main<DType::kBFloat16, 64, false>(" in src
-    assert "extern template void launch_bwd_main<DType::kBFloat16, 64, true>(" in src
+    default64, full128 = "kernel::DefaultBwdConfig<64>", "kernel::FullBwdConfig<128>"
+    assert f"\ntemplate void launch_bwd_main<DType::kBFloat16, 64, false, {default64}>(" in src
+    assert f"extern template void launch_bwd_main<DType::kBFloat16, 64, true, {default64}>(" in src
+    assert "FullBwdConfig" not in src  # d64 has no full-tile kernel
     masked = (tmp_path / "bwd_main_bf16_hdim64_masked.cu").read_text()
-    assert "\ntemplate void launch_bwd_main<DType::kBFloat16, 64, true>(" in masked
-    assert "run_bwd_main" not in masked and "false>" not in masked
+    assert f"\ntemplate void launch_bwd_main<DType::kBFloat16, 64, true, {default64}>(" in masked
+    assert "run_bwd_main" not in masked and "false," not in masked
+    src128 = (tmp_path / "bwd_main_bf16_hdim128.cu").read_text()
+    assert f"extern template void launch_bwd_main<DType::kBFloat16, 128, false, {full128}>(" in src128
+    full = (tmp_path / "bwd_main_bf16_hdim128_full.cu").read_text()
+    assert f"\ntemplate void launch_bwd_main<DType::kBFloat16, 128, false, {full128}>(" in full
+    assert "run_bwd_main" not in full and "true," not in full
     hdr = (tmp_path / "variants.h").read_text()
     assert "#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED 1" in hdr
     assert 'X(kBFloat16, "bf16", 1, 64)' in hdr and 'X(kBFloat16, "bf16", 1, 128)' in hdr
@@ -116,12 +126,13 @@ def test_generator_writes_two_files_per_variant(tmp_path):
     tiles = (tmp_path / "tile_configs.h").read_text()
     for d in gen.TILES:  # every head dim's tile, compiled or not
         assert f"struct DefaultBwdConfig<{d}>" in tiles
+        assert (f"struct FullBwdConfig<{d}>" in tiles) == (d in gen.TILES_FULL)
 
-    # all defaults: 20 files, fp16 first
+    # all defaults: 22 files, fp16 first
     paths = gen.generate(str(tmp_path))
     assert [os.path.basename(p) for p in paths] == [
         f"bwd_main_{dt}_hdim{d}{m}.cu" for dt in ("fp16", "bf16") for d in (64, 96, 128, 192, 256)
-        for m in ("", "_masked")]
+        for m in (("", "_masked", "_full") if d == 128 else ("", "_masked"))]
 
     # a narrower selection removes the files of the variants no longer built
     gen.generate(str(tmp_path), head_dims=(96,), dtypes=("fp16",))
@@ -160,6 +171,11 @@ def test_generated_headers_compile_into_a_dispatch(tmp_path):
         "using sm90_sdpa::DType;\n"
         "template <DType T, int D> int run() {\n"
         "  return int(T) * 1000 + sm90_sdpa::kernel::DefaultBwdConfig<D>::kBlockN; }\n"
+        "static_assert(sm90_sdpa::kernel::FullBwdConfig<128>::kHasFullTile &&\n"
+        "              sm90_sdpa::kernel::FullBwdConfig<128>::kBlockM == 80 &&\n"
+        "              sm90_sdpa::kernel::FullBwdConfig<128>::kdQSwapAB &&\n"
+        "              !sm90_sdpa::kernel::FullBwdConfig<64>::kHasFullTile &&\n"
+        "              sm90_sdpa::kernel::FullBwdConfig<64>::kBlockM == 128, \"full tiles\");\n"
         "int dispatch(int dt, int d) {\n"
         "#define CASE(E, N, C, D) if (dt == C && d == D) return run<DType::E, D>();\n"
         "  TORCH_SM90_SDPA_FOR_EACH_VARIANT(CASE)\n  return -1;\n}\n"

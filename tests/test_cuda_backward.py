@@ -201,6 +201,44 @@ def test_strided_views(dtype, head_dim, layout, is_causal):
     dq, dk, dv = run_case(2, 4, 4, 1000, 1000, head_dim, dtype, is_causal, layout=layout)
 
 
+# d128 calls that are neither causal nor deterministic run the 80 x 128 full-tile kernel
+# (TILES_FULL in csrc/generate_instantiations.py): lengths that are not multiples of its 80-row
+# m-blocks, among them ones whose last m-block reaches past the rounded length (2048 and 1000:
+# 26 x 80 = 2080 > 2048, 13 x 80 = 1040 > 1024 rows; their lse / dpsum come by TMA, zero-filled).
+FULL_TILE_SEQS = [(80, 80), (81, 300), (1000, 1000), (2048, 2048), (2081, 513), (160, 4097)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("seqs", FULL_TILE_SEQS, ids=[f"q{a}k{b}" for a, b in FULL_TILE_SEQS])
+def test_full_tile_lengths(dtype, heads, seqs):
+    run_case(2, heads[0], heads[1], seqs[0], seqs[1], 128, dtype, False)
+
+
+def main_kernel_names(*args):
+    """The main kernel's (demangled) names that one sdpa_backward call launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sdpa_backward(*args)
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages() if "bwd_main_kernel" in e.key]
+
+
+@pytest.mark.parametrize("case", ["full", "causal", "deterministic"])
+def test_full_tile_serves_full_calls_only(case):
+    """The full-tile kernel runs the d128 calls neither causal nor deterministic; the others
+    keep the default tile, by which the deterministic semaphores are laid out."""
+    need_variant(128, torch.bfloat16)
+    q, k, v, dout = make_inputs(1, 2, 2, 300, 300, 128, torch.bfloat16)
+    causal = case == "causal"
+    out, lse = stock_forward(q, k, v, causal, 1 / math.sqrt(128))
+    names = main_kernel_names(dout, q, k, v, out, lse, causal, 1 / math.sqrt(128), case == "deterministic")
+    assert len(names) == 1, names
+    assert ("FullBwdConfig<128>" in names[0]) == (case == "full"), names[0]
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_large_batch_times_heads(head_dim):
     """B * H = 70000 CTAs per key block: the grid must not overflow gridDim.y/z."""

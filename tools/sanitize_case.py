@@ -13,6 +13,7 @@ CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal, mask, deterministic)
     (1, 4, 2, 130, 77, 64, False, None, False),
     (1, 4, 2, 150, 150, 256, True, None, False),
     (1, 2, 2, 100, 190, 192, False, None, False),
+    (1, 2, 2, 1000, 300, 128, False, None, False),  # the d128 full tile: 80-row blocks past 1024
     (2, 2, 2, 300, 300, 128, False, "padding bool [B,1,S,S]", False),
     (2, 4, 2, 260, 260, 64, False, "sliding-window bias [S,S]", False),
     (2, 2, 1, 200, 333, 256, True, "key padding bool [B,1,1,Sk]", False),

@@ -8,8 +8,9 @@
 //  * "swapped dK/dV" (head dims 192 / 256): the dK/dV accumulators are too large for one
 //    warpgroup's rows, so the warpgroups compute dV^T = dO^T P and dK^T = Q^T dS (M = head dim)
 //    with P and dS from shared memory; S and dP are split between warpgroups along kBlockN.
-// The dQ tile (kBlockM x D) is always dS K, split between warpgroups, and computed in
-// kdQSlices column slices (register pressure at D = 256).
+// The dQ tile (kBlockM x D) is dS K, split between warpgroups, and computed in kdQSlices
+// column slices (register pressure at D = 256); or, kdQSwapAB, dQ^T = K^T dS^T with the
+// warpgroups split along the head dim, for a kBlockM that is not a multiple of 64 (wgmma's M).
 #pragma once
 
 namespace sm90_sdpa {
@@ -17,7 +18,7 @@ namespace kernel {
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNumMmaWG_, int kStagesQ_, int kStagesdO_,
           int kStagesdS_, bool kSdPSwapAB_, bool kdKVSwapAB_, int kAtomLayoutMSdP_,
-          int kAtomLayoutNdKV_, int kAtomLayoutMdQ_, int kdQSlices_>
+          int kAtomLayoutNdKV_, int kAtomLayoutMdQ_, int kdQSlices_, bool kdQSwapAB_ = false>
 struct BwdTileConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;        // query rows per m-block
@@ -32,11 +33,15 @@ struct BwdTileConfig {
   static constexpr int kAtomLayoutNdKV = kAtomLayoutNdKV_;
   static constexpr int kAtomLayoutMdQ = kAtomLayoutMdQ_;
   static constexpr int kdQSlices = kdQSlices_;
+  static constexpr bool kdQSwapAB = kdQSwapAB_;
 
   static_assert(kStagesdS == 1 || kStagesdS == kStagesQ);
   static_assert(kStagesQ >= kStagesdO);
-  static_assert(kBlockM % 64 == 0 && 128 % kBlockM == 0,
-                "kBlockM must divide kSeqRound (lse / dpsum rows are read in whole blocks)");
+  // a kBlockM that does not divide kSeqRound (128) reads its lse / dpsum rows with TMA, whose
+  // zero fill covers the rows past the rounded length (BwdMainloop::kRowStatTma)
+  static_assert(kBlockM % 16 == 0 && kBlockM <= 128);
+  static_assert(kdQSwapAB || kBlockM % 64 == 0, "dQ = dS K needs wgmma's M = 64 rows per block");
+  static_assert(!kdQSwapAB || (kSdPSwapAB && kdQSlices == 1 && kAtomLayoutMdQ == 1));
   static_assert(kHeadDim % (16 * kdQSlices) == 0);
 };
 
@@ -44,6 +49,14 @@ struct BwdTileConfig {
 // TILES in csrc/generate_instantiations.py, the one table of what can be built.
 template <int kHeadDim>
 struct DefaultBwdConfig;
+
+// The tile of the dense kernel for calls that are neither causal nor deterministic, where a
+// head dim has one of its own (TILES_FULL in csrc/generate_instantiations.py); else the
+// default tile. kHasFullTile: whether run_bwd_main has a third kernel for those calls.
+template <int kHeadDim>
+struct FullBwdConfig : DefaultBwdConfig<kHeadDim> {
+  static constexpr bool kHasFullTile = false;
+};
 
 }  // namespace kernel
 }  // namespace sm90_sdpa

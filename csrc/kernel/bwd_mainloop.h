@@ -62,6 +62,13 @@ struct BwdMainloop {
   static constexpr int kAtomLayoutMdQ = Cfg::kAtomLayoutMdQ;
   static constexpr int kdQSlices = Cfg::kdQSlices;
   static constexpr int kdQCols = kHeadDim / kdQSlices;
+  // dQ^T = K^T dS^T: the warpgroups split the head dim (M), N = kBlockM (80 at d128 full).
+  static constexpr bool kdQSwapAB = Cfg::kdQSwapAB;
+  // lse / dpsum rows by TMA when kBlockM does not divide the rounded length (kSeqRound): the
+  // last m-block's rows past it are zero-filled, not read past the workspace. Those rows have
+  // Q = dO = 0 (TMA zero fill too), so their P = 1 meets dO = 0 and dS = 1 * (0 - 0) = 0.
+  static constexpr bool kRowStatTma = kSeqRound % kBlockM != 0;
+  static_assert(!kRowStatTma || !kMasked, "the masked kernel keeps a tile that divides kSeqRound");
 
   // dV / dK from registers: P^T and dS^T are held row-per-key by each warpgroup.
   static constexpr bool kMmadKVIsRS =
@@ -75,7 +82,8 @@ struct BwdMainloop {
                                     Shape<Int<kBlockN>, Int<kBlockM>>>;
   using ShapedKV = std::conditional_t<!kdKVSwapAB, Shape<Int<kBlockN>, Int<kHeadDim>>,
                                       Shape<Int<kHeadDim>, Int<kBlockN>>>;
-  using ShapedQ = Shape<Int<kBlockM>, Int<kdQCols>>;
+  using ShapedQ = Shape<Int<kBlockM>, Int<kdQCols>>;  // the staging tile (and dq_accum's box)
+  using ShapedQAcc = std::conditional_t<!kdQSwapAB, ShapedQ, Shape<Int<kdQCols>, Int<kBlockM>>>;
 
   // ---------------- tiled MMAs ----------------
   using AtomShapeSdP = std::conditional_t<
@@ -103,10 +111,18 @@ struct BwdMainloop {
                                         GMMA::Major::MN>())>{},
       AtomLayoutdKV{}));
 
-  using AtomShapedQ = Shape<Int<kBlockM>, Int<kdQCols / (kNumMmaWG / kAtomLayoutMdQ)>, Int<kBlockN>>;
-  using AtomLayoutdQ = Layout<Shape<Int<kAtomLayoutMdQ>, Int<kNumMmaWG / kAtomLayoutMdQ>, _1>>;
+  // dQ = dS K: A = dS (q, k) K-major, B = K^T (d, k) MN-major. Swapped, dQ^T = K^T dS^T:
+  // A = K^T (d, k) MN-major, B = dS (q, k) K-major.
+  using AtomShapedQ = std::conditional_t<
+      !kdQSwapAB, Shape<Int<kBlockM>, Int<kdQCols / (kNumMmaWG / kAtomLayoutMdQ)>, Int<kBlockN>>,
+      Shape<Int<kdQCols / (kNumMmaWG / kAtomLayoutMdQ)>, Int<kBlockM>, Int<kBlockN>>>;
+  using AtomLayoutdQ = std::conditional_t<!kdQSwapAB, Layout<Shape<Int<kAtomLayoutMdQ>, Int<kNumMmaWG / kAtomLayoutMdQ>, _1>>,
+                                          Layout<Shape<Int<kNumMmaWG / kAtomLayoutMdQ>, Int<kAtomLayoutMdQ>, _1>>>;
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, ElementAccum, AtomShapedQ, GMMA::Major::K, GMMA::Major::MN>(),
+      std::conditional_t<
+          !kdQSwapAB,
+          decltype(GMMA::ss_op_selector<Element, Element, ElementAccum, AtomShapedQ, GMMA::Major::K, GMMA::Major::MN>()),
+          decltype(GMMA::ss_op_selector<Element, Element, ElementAccum, AtomShapedQ, GMMA::Major::MN, GMMA::Major::K>())>{},
       AtomLayoutdQ{}));
 
   // ---------------- shared memory layouts ----------------
@@ -147,13 +163,15 @@ struct BwdMainloop {
                                    make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kBlockN>{}))));
 
   // lse_log2 / dpsum rows per stage, and their broadcast views over the S tile.
-  using SmemLayoutLSE = Layout<Shape<Int<kBlockM>, Int<kStagesQ>>>;
-  using SmemLayoutdPsum = Layout<Shape<Int<kBlockM>, Int<kStagesdO>>>;
+  // (stages 128 bytes apart at least: a TMA destination is 128-byte aligned)
+  static constexpr int kRowStatStageStride = (kBlockM + 31) / 32 * 32;
+  using SmemLayoutLSE = Layout<Shape<Int<kBlockM>, Int<kStagesQ>>, Stride<_1, Int<kRowStatStageStride>>>;
+  using SmemLayoutdPsum = Layout<Shape<Int<kBlockM>, Int<kStagesdO>>, Stride<_1, Int<kRowStatStageStride>>>;
   template <int kStages>
   using SmemLayoutRowStatMma = std::conditional_t<
       !kSdPSwapAB,
-      Layout<Shape<Int<kBlockM>, Int<kBlockN>, Int<kStages>>, Stride<_1, _0, Int<kBlockM>>>,
-      Layout<Shape<Int<kBlockN>, Int<kBlockM>, Int<kStages>>, Stride<_0, _1, Int<kBlockM>>>>;
+      Layout<Shape<Int<kBlockM>, Int<kBlockN>, Int<kStages>>, Stride<_1, _0, Int<kRowStatStageStride>>>,
+      Layout<Shape<Int<kBlockN>, Int<kBlockM>, Int<kStages>>, Stride<_0, _1, Int<kRowStatStageStride>>>>;
 
   // dQ slice staging tile (fp32, TMA reduce-add source). At d64 and d128 the 32-byte swizzle
   // makes the accumulator's 64-bit stores conflict-free: the hardware splits a warp's 64-bit
@@ -171,15 +189,18 @@ struct BwdMainloop {
   // dq_accum receives the same order and the postprocess reads it back.
   static constexpr int kdQColsPerWG = kdQCols / (kNumMmaWG / kAtomLayoutMdQ);
   static constexpr bool kdQStagePermuted = dq_accum_permuted_for(kHeadDim);
+  // Swapped dQ (dQ^T in registers) stores single floats down the columns of the (q, d) tile:
+  // the 128-byte swizzle puts a warp's 4 rows x 8 columns on 32 distinct banks (the rows are
+  // even and XOR distinct 16-byte chunks), so it keeps the selector's swizzle.
   static constexpr bool kdQStageSw32 =
-      !kdQStagePermuted && kdQSlices == 1 && (kHeadDim == 64 || kHeadDim == 128);
+      !kdQStagePermuted && !kdQSwapAB && kdQSlices == 1 && (kHeadDim == 64 || kHeadDim == 128);
   using SmemAtomdQ = std::conditional_t<
       kdQStagePermuted, GMMA::Layout_K_SW128_Atom<ElementAccum>,
       std::conditional_t<kdQStageSw32, GMMA::Layout_K_SW32_Atom<ElementAccum>,
                          decltype(cutlass::gemm::collective::detail::ss_smem_selector<
                                   GMMA::Major::K, ElementAccum, Int<kBlockM>, Int<kdQColsPerWG>>())>>;
   static_assert(!kdQStageSw32 || kdQColsPerWG % 8 == 0);
-  static_assert(!kdQStagePermuted || (kdQColsPerWG % 32 == 0 && kBlockM % 8 == 0));
+  static_assert(!kdQStagePermuted || (kdQColsPerWG % 32 == 0 && kBlockM % 8 == 0 && !kdQSwapAB));
   using SmemLayoutdQ = decltype(tile_to_shape(SmemAtomdQ{}, make_shape(Int<kBlockM>{}, Int<kdQCols>{})));
 
   // P / dS register -> smem copies (stmatrix). Registers hold S (rows q) or S^T (rows k).
@@ -248,6 +269,13 @@ struct BwdMainloop {
   using TMA_dQ = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<ElementAccum*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       SmemLayoutdQ{}, Shape<Int<kBlockM>, Int<kdQCols>>{}, _1{}));
+  // kRowStatTma: lse_log2 / dpsum as (Sq_rounded, B * Hq), one kBlockM-row box per m-block
+  using ShapeRowStat = Shape<int32_t, int32_t>;
+  using StrideRowStat = Stride<_1, int64_t>;
+  using SmemLayoutRowStatBox = Layout<Shape<Int<kBlockM>, _1>>;
+  using TMA_RowStat = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<float const*>(nullptr)), ShapeRowStat{}, StrideRowStat{}),
+      SmemLayoutRowStatBox{}, Shape<Int<kBlockM>, _1>{}, _1{}));
 
   struct Params {
     ShapeQKV shape_Q;       // (Sq, D, Hq, B)
@@ -258,6 +286,8 @@ struct BwdMainloop {
     TMA_K tma_load_K;
     TMA_V tma_load_V;
     TMA_dQ tma_add_dQ;
+    TMA_RowStat tma_load_lse;    // kRowStatTma only (else default-constructed, unused)
+    TMA_RowStat tma_load_dpsum;
     float const* ptr_lse_log2;
     float const* ptr_dpsum;
     int seqlen_q;
@@ -291,6 +321,17 @@ struct BwdMainloop {
     auto mK = make_in(p.k, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
     auto mV = make_in(p.v, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
     int64_t const acc_head_stride = int64_t(p.seqlen_q_rounded) * kHeadDim;
+    TMA_RowStat tma_lse{}, tma_dpsum{};
+    if constexpr (kRowStatTma) {
+      auto row_stat = [&](float const* ptr) {
+        return make_tensor(make_gmem_ptr(ptr), make_shape(p.seqlen_q_rounded, p.batch * p.heads_q),
+                           make_stride(_1{}, int64_t(p.seqlen_q_rounded)));
+      };
+      tma_lse = make_tma_copy(SM90_TMA_LOAD{}, row_stat(p.lse_log2), SmemLayoutRowStatBox{},
+                              Shape<Int<kBlockM>, _1>{}, _1{});
+      tma_dpsum = make_tma_copy(SM90_TMA_LOAD{}, row_stat(p.dpsum), SmemLayoutRowStatBox{},
+                                Shape<Int<kBlockM>, _1>{}, _1{});
+    }
     auto mdQacc = make_tensor(make_gmem_ptr(p.dq_accum),
                               make_shape(p.seqlen_q_rounded, int32_t(kHeadDim), p.heads_q, p.batch),
                               make_stride(int64_t(kHeadDim), _1{}, acc_head_stride, acc_head_stride * p.heads_q));
@@ -303,6 +344,8 @@ struct BwdMainloop {
         make_tma_copy(SM90_TMA_LOAD{}, mK, SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}),
         make_tma_copy(SM90_TMA_LOAD{}, mV, SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}),
         make_tma_copy(SM90_TMA_REDUCE_ADD{}, mdQacc, SmemLayoutdQ{}, Shape<Int<kBlockM>, Int<kdQCols>>{}, _1{}),
+        tma_lse,
+        tma_dpsum,
         p.lse_log2,
         p.dpsum,
         p.seqlen_q,
@@ -336,6 +379,10 @@ struct BwdMainloop {
     cute::prefetch_tma_descriptor(params.tma_load_K.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_load_V.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_add_dQ.get_tma_descriptor());
+    if constexpr (kRowStatTma) {
+      cute::prefetch_tma_descriptor(params.tma_load_lse.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_load_dpsum.get_tma_descriptor());
+    }
   }
 
   // Query blocks [m_min, m_max) that see any key of this n-block. Causal is SDPA's top-left
@@ -456,6 +503,15 @@ struct BwdMainloop {
     Tensor tVgV = tma_V.partition_S(gV);
     Tensor tVsV = tma_V.partition_D(sV);
     auto bulk_copy = Copy_Traits<SM90_BULK_COPY_AUTO>{};
+    // kRowStatTma: this head's row of (Sq_rounded, B * Hq) in kBlockM-row boxes
+    auto row_stat_boxes = [&](auto const& tma) {
+      Tensor m = tma.get_tma_tensor(make_shape(params.seqlen_q_rounded, params.num_heads_q * get<3>(params.shape_Q)));
+      Tensor g = local_tile(m, Shape<Int<kBlockM>, _1>{}, make_coord(_, bidb * params.num_heads_q + bidh));
+      return tma.get_slice(_0{}).partition_S(g);  // (TMA, TMA_M, TMA_N, m)
+    };
+    auto row_stat_stage = [&](auto const& tma, float* stage_ptr) {
+      return tma.get_slice(_0{}).partition_D(make_tensor(make_smem_ptr(stage_ptr), SmemLayoutRowStatBox{}));
+    };
 
     if (cute::elect_one_sync()) {
       auto load_q = [&](int m) {
@@ -475,7 +531,12 @@ struct BwdMainloop {
           }
         }
         copy(params.tma_load_Q.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, write_q.index()));
-        copy(bulk_copy.with(*bar), gLSE(_, m), sLSE(_, write_q.index()));
+        if constexpr (kRowStatTma) {
+          copy(params.tma_load_lse.with(*bar, 0), row_stat_boxes(params.tma_load_lse)(_, _, _, m),
+               row_stat_stage(params.tma_load_lse, st.smem_lse.data() + write_q.index() * kRowStatStageStride));
+        } else {
+          copy(bulk_copy.with(*bar), gLSE(_, m), sLSE(_, write_q.index()));
+        }
         ++write_q;
       };
       auto load_do = [&](int m) {
@@ -483,7 +544,12 @@ struct BwdMainloop {
         auto* bar = pipeline_do.producer_get_barrier(write_do);
         copy(params.tma_load_dO.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m),
              tdOsdO(_, write_do.index()));
-        copy(bulk_copy.with(*bar), gdPsum(_, m), sdPsum(_, write_do.index()));
+        if constexpr (kRowStatTma) {
+          copy(params.tma_load_dpsum.with(*bar, 0), row_stat_boxes(params.tma_load_dpsum)(_, _, _, m),
+               row_stat_stage(params.tma_load_dpsum, st.smem_dpsum.data() + write_do.index() * kRowStatStageStride));
+        } else {
+          copy(bulk_copy.with(*bar), gdPsum(_, m), sdPsum(_, write_do.index()));
+        }
         ++write_do;
       };
       using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
@@ -620,7 +686,7 @@ struct BwdMainloop {
     Tensor tdPrdO = mma_smem_fragment<!kSdPSwapAB>(thr_SdP, sdO); // (.., stage)
     Tensor tdVrdO = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sdOt); // (.., stage)
     Tensor tdKrQ = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sQt);   // (.., stage)
-    Tensor tdQrdS = thr_dQ.partition_fragment_A(sdS);             // (.., dS stage)
+    Tensor tdQrdS = mma_smem_fragment<!kdQSwapAB>(thr_dQ, sdS);   // (.., dS stage)
 
     auto smem_tiled_copy_PdS = make_tiled_copy_C(SmemCopyAtomPdS{}, tiled_mma_SdP);
 
@@ -792,13 +858,17 @@ struct BwdMainloop {
       named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // dS visible to every warpgroup
     };
 
-    // dQ slice s = dS K[:, slice s]; kWait as wg_gemm's.
+    // dQ slice s = dS K[:, slice s] (swapped: dQ^T = K^T dS^T); kWait as wg_gemm's.
     auto gemm_dq_slice = [&](auto& tdQrdQ, int slice, int stage_ds, auto wait_tag) {
       constexpr int kWait = decltype(wait_tag)::value;
       Tensor sKt = make_tensor(make_smem_ptr(k_operand_ptr()), SmemLayoutKt{});
       Tensor sKt_s = local_tile(sKt, Shape<Int<kdQCols>, Int<kBlockN>>{}, make_coord(slice, _0{}));
-      Tensor tdQrK = thr_dQ.partition_fragment_B(sKt_s);
-      wg_gemm<true, kWait>(tiled_mma_dQ, tdQrdS(_, _, _, stage_ds), tdQrK, tdQrdQ);
+      Tensor tdQrK = mma_smem_fragment<kdQSwapAB>(thr_dQ, sKt_s);
+      if constexpr (kdQSwapAB) {
+        wg_gemm<true, kWait>(tiled_mma_dQ, tdQrK, tdQrdS(_, _, _, stage_ds), tdQrdQ);
+      } else {
+        wg_gemm<true, kWait>(tiled_mma_dQ, tdQrdS(_, _, _, stage_ds), tdQrK, tdQrdQ);
+      }
     };
 
     // dK += dS^T Q (or dK^T += Q^T dS); leaves one wgmma batch in flight.
@@ -848,6 +918,12 @@ struct BwdMainloop {
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(tdQrdQ(i)), "f"(tdQrdQ(i + 1))
                        : "memory");
         }
+      } else if constexpr (kdQSwapAB) {
+        // dQ^T's fragment into the (q, d) tile through its transposed view: single floats
+        Tensor sdQt = make_tensor(sdQ_pi.data(), composition(sdQ_pi.layout(), make_layout(ShapedQAcc{}, LayoutRight{})));
+        Tensor tdQsdQ = thr.partition_C(sdQt);
+        named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
+        cute::copy(tdQrdQ, tdQsdQ);
       } else {
         Tensor tdQsdQ = thr.partition_C(sdQ_pi);
         named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
@@ -866,7 +942,7 @@ struct BwdMainloop {
     // serialized (C7519 at d256). Measured at d256 b8 h8/2 s2048 with a causal bias (H200,
     // main kernel): 0.986 against 1.085 ms without the deferral.
     constexpr bool kDeferLastdQSlice = kdQSlices > 1;
-    Tensor tdQrdQ_last = partition_fragment_C(tiled_mma_dQ, ShapedQ{});
+    Tensor tdQrdQ_last = partition_fragment_C(tiled_mma_dQ, ShapedQAcc{});
     // (copied out of the wgmma's accumulator: a GMMA-defined register read while the next
     // step's wgmmas run made ptxas inject a full warpgroup.wait, C7517)
     Tensor tdQrdQ_pending = make_tensor_like(tdQrdQ_last);
@@ -897,7 +973,7 @@ struct BwdMainloop {
       convert_fragment(tdPrdP, rdS);
 
       store_pds_gemm_dv(rP, rdS, stage_do, stage_ds);
-      Tensor tdQrdQ = partition_fragment_C(tiled_mma_dQ, ShapedQ{});
+      Tensor tdQrdQ = partition_fragment_C(tiled_mma_dQ, ShapedQAcc{});
       gemm_dq_slice(tdQrdQ, 0, stage_ds, cute::Int<1>{});  // dV is done after this wait
       pipeline_do.consumer_release(read_do);  // dO read by dP and dV only
       ++read_do;
