@@ -1,5 +1,5 @@
 # A/B round of the fourteenth session (results: BENCHMARKS.md), with
-# TORCH_SM90_SDPA_HEAD_DIMS=128 (bf16). Trees (tools/ab_rounds/tile80_call.sh):
+# TORCH_SM90_SDPA_HEAD_DIMS=128 (bf16). Trees (tools/ab_rounds/ab_call.sh):
 #   a = main;
 #   b = patches/tile80.patch: d128 calls neither causal nor deterministic run an 80 x 128 tile
 #       (FlashAttention-3's and -4's for d128 without causal) with dQ^T = K^T dS^T.

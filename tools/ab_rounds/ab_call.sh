@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call for an A/B of one patch (fourteenth session): tools/ab_session.sh builds
+# this tree (a) and the patched one (b) side by side (TORCH_SM90_SDPA_HEAD_DIMS, default 128,
+# bf16), runs ROUND_SCRIPT in each, alternating, two rounds; then in tree b the tests of
+# tests/test_cuda_backward.py selected by PYTEST_K, and compute-sanitizer memcheck on
+# tools/sanitize_case.py beside them. At most 8 files come back; OUTDIR gets ab_summary.txt,
+# a.txt / b.txt (the rounds), tests_b.txt, memcheck_b.txt.
+#   bash tools/ab_rounds/ab_call.sh OUTDIR PATCH ROUND_SCRIPT PYTEST_K     (carry .whl)
+# Runs: the d128 full tile (patch: `git diff 6e4f144 6787db2`, which landed; tile80.sh,
+# "128 or full_tile"; 330 s) and causal d128 calls on that tile (patches/causal80.patch,
+# causal80.sh).
+set -u
+OUTD=${1:?usage: $0 OUTDIR PATCH ROUND_SCRIPT PYTEST_K}
+PATCH=${2:?patch}
+ROUND=${3:?round script}
+PYTEST_K=${4:?pytest -k expression}
+export PYTHONUNBUFFERED=1 TORCH_SM90_SDPA_HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:-128}
+AB=/tmp/ab
+TESTS="tests/test_build.py -k build_info" tools/ab_session.sh "$AB" "$PATCH" 2 -- bash "$ROUND" \
+  > "$OUTD/ab_summary.txt" 2>&1
+for s in a b; do
+  tail -n 25 "$AB/${s}_check.log" >> "$OUTD/ab_summary.txt"
+  cp "$AB/$s.txt" "$OUTD/" 2>/dev/null
+done
+tree=${AB_TREE_PREFIX:-/tmp/torch_sm90_sdpa_ab_}b
+cd "$tree" || exit 1
+export PYTHONPATH="$tree/build/gpu_deps:$tree"
+timeout 100 compute-sanitizer --tool memcheck python3 tools/sanitize_case.py > "$OUTD/memcheck_b.txt" 2>&1 &
+timeout 150 python3 -m pytest -n 6 -q -p no:cacheprovider tests/test_cuda_backward.py \
+  -k "$PYTEST_K" > "$OUTD/tests_b.txt" 2>&1
+wait
+echo "tests in b: $(tail -n 1 "$OUTD/tests_b.txt")"
+echo "memcheck in b: $(grep 'ERROR SUMMARY' "$OUTD/memcheck_b.txt" | tail -n 1)"
