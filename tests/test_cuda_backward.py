@@ -143,9 +143,15 @@ def assert_bitwise_repeatable(first, run, repeats):
                 f"{name} differs on repeat {i + 1}: max abs diff {(a.double() - b.double()).abs().max():.3e}")
 
 
+class KnownOverBound(Exception):
+    """A gradient over the fp64 criterion on an input where that is known and recorded."""
+
+
 def run_case(B, Hq, Hkv, Sq, Sk, D, dtype, is_causal, layout="bhsd", seed=0, scale=None,
-             deterministic=False, repeats=19):
-    """deterministic: the kernel's deterministic mode, and `repeats` more runs bitwise equal."""
+             deterministic=False, repeats=19, known_over_bound=()):
+    """deterministic: the kernel's deterministic mode, and `repeats` more runs bitwise equal.
+    known_over_bound: names of gradients known to miss the criterion on this input: checked
+    after everything else, their failure raised as KnownOverBound (for a strict xfail)."""
     need_variant(D, dtype)
     q, k, v, dout = make_inputs(B, Hq, Hkv, Sq, Sk, D, dtype, layout, seed)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -161,16 +167,23 @@ def run_case(B, Hq, Hkv, Sq, Sk, D, dtype, is_causal, layout="bhsd", seed=0, sca
     for g, t in ((dq, q), (dk, k), (dv, v)):
         assert g.stride() == torch.empty_like(t).stride()
     for ours, st, ref, name in ((dq, sdq, rdq, "dq"), (dk, sdk, rdk, "dk"), (dv, sdv, rdv, "dv")):
-        assert_close_to_reference(ours, st, ref, name)
+        if name not in known_over_bound:
+            assert_close_to_reference(ours, st, ref, name)
     if deterministic:
         assert_bitwise_repeatable(
             (dq, dk, dv), lambda: sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, True),
             repeats)
-        return dq, dk, dv
-    # repeated runs agree (fp32 atomics may reorder additions: rounding-level differences only)
-    dq2, dk2, dv2 = sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, False)
-    for a, b, name in ((dq, dq2, "dq"), (dk, dk2, "dk"), (dv, dv2, "dv")):
-        torch.testing.assert_close(a, b, atol=2e-3 * max(b.abs().max().item(), 1e-3), rtol=1e-2, msg=name)
+    else:
+        # repeated runs agree (fp32 atomics may reorder additions: rounding-level differences only)
+        dq2, dk2, dv2 = sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, False)
+        for a, b, name in ((dq, dq2, "dq"), (dk, dk2, "dk"), (dv, dv2, "dv")):
+            torch.testing.assert_close(a, b, atol=2e-3 * max(b.abs().max().item(), 1e-3), rtol=1e-2, msg=name)
+    for ours, st, ref, name in ((dq, sdq, rdq, "dq"), (dk, sdk, rdk, "dk"), (dv, sdv, rdv, "dv")):
+        if name in known_over_bound:
+            try:
+                assert_close_to_reference(ours, st, ref, name)
+            except AssertionError as err:
+                raise KnownOverBound(str(err)) from None
     return dq, dk, dv
 
 
@@ -203,8 +216,10 @@ def test_strided_views(dtype, head_dim, layout, is_causal):
 
 # d128 calls that are neither causal nor deterministic run the 80 x 128 full-tile kernel
 # (TILES_FULL in csrc/generate_instantiations.py): lengths that are not multiples of its 80-row
-# m-blocks, among them ones whose last m-block reaches past the rounded length (2048 and 1000:
-# 26 x 80 = 2080 > 2048, 13 x 80 = 1040 > 1024 rows; their lse / dpsum come by TMA, zero-filled).
+# m-blocks, among them ones whose last m-block reaches past the rounded length (81, 1000 and
+# 2048: 2 x 80 = 160 > 128, 13 x 80 = 1040 > 1024 and 26 x 80 = 2080 > 2048 rows; their lse /
+# dpsum come by TMA, zero-filled. Those rows have Q = dO = 0, so these tests would catch an
+# inf / NaN there, not a finite wrong value, which adds nothing either).
 FULL_TILE_SEQS = [(80, 80), (81, 300), (1000, 1000), (2048, 2048), (2081, 513), (160, 4097)]
 
 
@@ -213,19 +228,21 @@ FULL_TILE_SEQS = [(80, 80), (81, 300), (1000, 1000), (2048, 2048), (2081, 513), 
 # 9.97e-3), with the full tile and the default tile alike (the tile does not change the
 # numerics), while seeds 1-3 of the same shape give 4.6-5.6e-3 against stock's 4.9-6.5e-3.
 # Kept as a strict xfail so that it is seen, not hidden: it is the kernel's error on this
-# input, not yet explained.
-KNOWN_OVER_BOUND = {((80, 80), (8, 2), torch.bfloat16)}
+# input, not yet explained. Only dq's bound may fail (KnownOverBound); dk, dv and the repeat
+# check are asserted as in every case.
+KNOWN_OVER_BOUND = {((80, 80), (8, 2), torch.bfloat16): ("dq",)}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
 @pytest.mark.parametrize("seqs", FULL_TILE_SEQS, ids=[f"q{a}k{b}" for a, b in FULL_TILE_SEQS])
 def test_full_tile_lengths(dtype, heads, seqs, request):
-    if (seqs, heads, dtype) in KNOWN_OVER_BOUND:
+    known = KNOWN_OVER_BOUND.get((seqs, heads, dtype), ())
+    if known:
         request.applymarker(pytest.mark.xfail(
-            strict=True, raises=AssertionError,
+            strict=True, raises=KnownOverBound,
             reason="dq max error over 2x stock's on this input, both tiles (see KNOWN_OVER_BOUND)"))
-    run_case(2, heads[0], heads[1], seqs[0], seqs[1], 128, dtype, False)
+    run_case(2, heads[0], heads[1], seqs[0], seqs[1], 128, dtype, False, known_over_bound=known)
 
 
 def main_kernel_names(*args):

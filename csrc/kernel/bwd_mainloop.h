@@ -5,7 +5,7 @@
 //   producer warp  : load()     K_j, V_j once; Q_i (+lse_i) and dO_i (+dpsum_i) per m-block
 //   dQ-writer warp : store_dq() TMA reduce-add of each finished dQ_i tile into dq_accum
 //   MMA warpgroups : mma()      S = Q K^T, dP = dO V^T, P, dS, dV += P^T dO, dK += dS^T Q,
-//                               dQ_i = dS K  (all five on wgmma)
+//                               dQ_i = dS K, or dQ_i^T = K^T dS^T (kdQSwapAB)  (all five on wgmma)
 #pragma once
 
 #include <cmath>
