@@ -133,8 +133,9 @@ void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
     return;
   }
   if constexpr (Full::kHasFullTile) {
-    // (the tile classes and the deterministic semaphores are laid out by the default tile)
-    if (!params.is_causal && !params.deterministic) {
+    // causal and full calls (causal measured 3% faster at 8k keys on d128's 80 x 128 tile);
+    // the tile classes and the deterministic semaphores are laid out by the default tile
+    if (!params.deterministic) {
       launch_bwd_main<kDType, kHeadDim, false, Full>(params, stream);
       return;
     }

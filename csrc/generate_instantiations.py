@@ -10,7 +10,7 @@ generated from them or checked against them:
   csrc/instantiations/bwd_main_<dtype>_hdim<D>_masked.cu   per variant: the kernel with a mask
                                    (two files: they compile in parallel)
   csrc/instantiations/bwd_main_<dtype>_hdim<D>_full.cu   head dims of TILES_FULL: the dense
-                                   kernel with the tile of calls neither causal nor deterministic
+                                   kernel with the tile of calls that are not deterministic
   csrc/instantiations/variants.h   TORCH_SM90_SDPA_FOR_EACH_VARIANT(X), the C++ dispatch list;
                                    the DefaultBwdConfig<D> tile specializations; a check that
                                    sm90_sdpa::DType has these codes
@@ -72,9 +72,9 @@ TILES: Dict[int, Tile] = {
     192: Tile(64, 64, 2, 2, 2, 1, False, True, 1, 2, 1, 1),
     256: Tile(64, 64, 2, 2, 1, 1, False, True, 1, 2, 1, 2),
 }
-# Head dims whose dense kernel has a tile of its own for calls that are neither causal nor
-# deterministic (FullBwdConfig<D>: a third kernel in bwd_main_<dtype>_hdim<D>_full.cu). The
-# masked, causal and deterministic kernels keep TILES' tile: the mask classification and the
+# Head dims whose dense kernel has a tile of its own for calls that are not deterministic
+# (causal or full; FullBwdConfig<D>: a third kernel in bwd_main_<dtype>_hdim<D>_full.cu). The
+# masked and deterministic kernels keep TILES' tile: the mask classification and the
 # deterministic semaphores are laid out by it.
 TILES_FULL: Dict[int, Tile] = {
     128: Tile(80, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1, True),
@@ -187,7 +187,7 @@ def instantiation_source(dtype: str, head_dim: int, kind: str = "dense") -> str:
                 + "template void " + launch % ("false", default_cfg)
                 + f"template void run_bwd_main<DType::{enum}, {head_dim}>(const BwdParams&, cudaStream_t);\n")
     what = {"masked": "with a mask.\n",
-            "full": "without a mask, tile of calls neither causal nor deterministic.\n",
+            "full": "without a mask, tile of calls that are not deterministic.\n",
             "dense": "without a mask; run_bwd_main.\n"}[kind]
     return (
         HEADER_NOTE
@@ -256,7 +256,7 @@ def tile_configs_header() -> str:
 
     for d, t in sorted(TILES.items()):
         lines.append(f"template <> struct DefaultBwdConfig<{d}>\n    : {config(d, t)} {{}};\n")
-    lines.append("\n// the dense kernel's tile for calls neither causal nor deterministic (TILES_FULL)\n")
+    lines.append("\n// the dense kernel's tile for calls that are not deterministic (TILES_FULL)\n")
     for d, t in sorted(TILES_FULL.items()):
         lines.append(f"template <> struct FullBwdConfig<{d}>\n    : {config(d, t)} {{\n"
                      "  static constexpr bool kHasFullTile = true;\n};\n")
@@ -269,7 +269,7 @@ def tile_table_markdown() -> str:
     rows = ["| D | tile (M x N) | MMA WGs | stages Q/dO/dS | S, dP | dV, dK | dQ slices |",
             "|---|---|---|---|---|---|---|"]
     tiles = [(str(d), t) for d, t in sorted(TILES.items())]
-    tiles += [(f"{d}, neither causal nor deterministic", t) for d, t in sorted(TILES_FULL.items())]
+    tiles += [(f"{d}, not deterministic", t) for d, t in sorted(TILES_FULL.items())]
     for d, t in tiles:
         sdp = "S^T = K Q^T (swapped)" if t.swap_sdp else "S = Q K^T"
         dkv = ("dV^T = dO^T P, dK^T = Q^T dS (SS)" if t.swap_dkv else

@@ -50,7 +50,7 @@ struct BwdTileConfig {
 template <int kHeadDim>
 struct DefaultBwdConfig;
 
-// The tile of the dense kernel for calls that are neither causal nor deterministic, where a
+// The tile of the dense kernel for calls that are not deterministic (causal or full), where a
 // head dim has one of its own (TILES_FULL in csrc/generate_instantiations.py); else the
 // default tile. kHasFullTile: whether run_bwd_main has a third kernel for those calls.
 template <int kHeadDim>
