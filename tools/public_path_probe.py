@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import torch_sm90_sdpa  # noqa: E402
 from bench_bwd import make, time_interleaved  # noqa: E402
 
-SHAPES = [(8, 32, 2048, 64, True), (2, 16, 8192, 128, False)]  # (b, h, s, d, causal)
+SHAPES = [(8, 32, 2048, 64, True), (2, 16, 8192, 128, False),
+          (2, 16, 8192, 128, True)]  # (b, h, s, d, causal)
 
 
 def kernels(fn):

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The device call after tools/landing_call.sh (fifteenth session): with that call's build
+# carried (PREBUILT=1: gunzip its prebuilt/_C*.so.gz into torch_sm90_sdpa/ beside its
+# _build_config.py and prebuilt_sources.sha1, and carry those three and .whl), a second
+# `bench_bwd.py --extra --json` run, the speed table regenerated from it and the first run
+# (benchmarks/results/*.json, as committed), then the compiled 8-block GPT of the demo routed
+# as the default enable() does (--only-faster, with that table) and the public paths
+# (tools/public_path_probe.py --batched).
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/second_run_call.sh "$OUT"
+# OUTDIR gets summary.txt, bench_bwd_full_run2.json, speed_table.py, bench_bwd.txt, demo.txt,
+# public_paths.txt, check.txt.
+set -uo pipefail
+OUTD=${1:?usage: $0 OUTDIR}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+export PYTHONUNBUFFERED=1 GIT_COMMIT=${GIT_COMMIT:-unknown}
+t0=$(date +%s)
+stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUTD/summary.txt"; }
+
+PREBUILT=1 tools/gpu_check.sh /tmp/chk tests/test_build.py -k build_info > "$OUTD/check.txt" 2>&1
+stamp "check (PREBUILT=1): exit $?, $(grep -m1 '^result' /tmp/chk/summary.txt 2>/dev/null)"
+export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"
+
+python3 benchmarks/bench_bwd.py --extra --json "$OUTD/bench_bwd_full_run2.json" \
+  > "$OUTD/bench_bwd.txt" 2>&1
+stamp "bench_bwd --extra: exit $?, $(grep 'ours / cudnn' "$OUTD/bench_bwd.txt" | tail -n 1)"
+cp "$OUTD/bench_bwd_full_run2.json" benchmarks/results/
+python3 tools/speed_table.py benchmarks/results/*.json -o torch_sm90_sdpa/speed_table.py \
+  > /dev/null 2>&1
+stamp "speed table: exit $?"
+cp torch_sm90_sdpa/speed_table.py "$OUTD/"
+
+timeout 300 python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
+  --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster > "$OUTD/demo.txt" 2>&1
+stamp "demo --only-faster: exit $?, $(grep 'step speedup\|no attention backward' "$OUTD/demo.txt")"
+
+timeout 150 python3 tools/public_path_probe.py --batched > "$OUTD/public_paths.txt" 2>&1
+stamp "public_path_probe --batched: exit $?"
+grep -E "^GQA|^d=128 causal|geometric" "$OUTD/bench_bwd.txt"
+grep -E "replaced|kept stock|speed|step |routing_stats" "$OUTD/demo.txt"
+grep -v Warning "$OUTD/public_paths.txt" | tail -n 20
+cat "$OUTD/summary.txt"
