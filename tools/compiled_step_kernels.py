@@ -58,14 +58,19 @@ def main():
     base = TinyTransformer(vocab=256, dim=a.dim, heads=a.heads, kv_heads=a.kv_heads,
                            layers=a.layers).cuda()
     tokens = torch.randint(0, 256, (a.batch, a.seq_len), device="cuda")
-    stock = torch.compile(copy.deepcopy(base))
-    times = {"stock": kernel_times(stock, tokens, a.reps)}
+    # no FX graph cache: the second compile would reuse the first one's graphs, pass or not
+    torch._inductor.config.fx_graph_cache = False
+    times = {}
     routed = torch.compile(copy.deepcopy(base))
     with routing.enable(only_faster=not a.all_calls):
         routing.routing_stats(reset=True)
         times["routed"] = kernel_times(routed, tokens, a.reps)
         print("routing_stats:", {k: v for k, v in routing.routing_stats().items()
                                  if k in ("routed_nodes", "not_routed", "routed_calls")})
+    torch._dynamo.reset()
+    stock = torch.compile(copy.deepcopy(base))
+    times["stock"] = kernel_times(stock, tokens, a.reps)
+    times = {"stock": times["stock"], "routed": times["routed"]}
     for name, t in times.items():
         total = sum(ms for ms, _ in t.values())
         print(f"\n{name}: {total:.3f} ms of kernels per step; top {a.top}:")
