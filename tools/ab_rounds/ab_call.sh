@@ -8,7 +8,8 @@
 #   bash tools/ab_rounds/ab_call.sh OUTDIR PATCH ROUND_SCRIPT PYTEST_K     (carry .whl)
 # Runs: the d128 full tile (patch: `git diff 6e4f144 6787db2`, which landed; tile80.sh,
 # "128 or full_tile"; 330 s) and causal d128 calls on that tile (patches/causal80.patch,
-# causal80.sh; 242 s). Prepared: patches/d256-ds2.patch with d256_ds2.sh.
+# causal80.sh; 242 s; landed as 7a189fa), and two P / dS buffers at d256
+# (patches/d256-ds2.patch, d256_ds2_quick.sh, "256 and causal"; 331 s; no gain, not landed).
 set -u
 OUTD=${1:?usage: $0 OUTDIR PATCH ROUND_SCRIPT PYTEST_K}
 PATCH=${2:?patch}

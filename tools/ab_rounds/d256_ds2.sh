@@ -1,4 +1,4 @@
-# A/B round prepared in the fourteenth session (not run yet), with
+# A/B round prepared in the fourteenth session (the fifteenth ran d256_ds2_quick.sh instead), with
 # TORCH_SM90_SDPA_HEAD_DIMS=256 (bf16). Trees (tools/ab_rounds/ab_call.sh):
 #   a = main;
 #   b = patches/d256-ds2.patch: d256 with two P / dS buffers (TILES stages_ds 1 -> 2), so a
