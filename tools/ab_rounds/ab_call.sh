@@ -29,7 +29,8 @@ tree=${AB_TREE_PREFIX:-/tmp/torch_sm90_sdpa_ab_}b
 cd "$tree" || exit 1
 export PYTHONPATH="$tree/build/gpu_deps:$tree"
 timeout 100 compute-sanitizer --tool memcheck python3 tools/sanitize_case.py > "$OUTD/memcheck_b.txt" 2>&1 &
-timeout 150 python3 -m pytest -n 6 -q -p no:cacheprovider tests/test_cuda_backward.py \
+# AB_TEST_FILES: the test files PYTEST_K selects from (default tests/test_cuda_backward.py)
+timeout 150 python3 -m pytest -n 6 -q -p no:cacheprovider ${AB_TEST_FILES:-tests/test_cuda_backward.py} \
   -k "$PYTEST_K" > "$OUTD/tests_b.txt" 2>&1
 wait
 echo "tests in b: $(tail -n 1 "$OUTD/tests_b.txt")"

@@ -7,8 +7,9 @@
 # the main-kernel and all-kernel ms of GQA 32/8 (is_causal and a causal bias: both walk in
 # b), of GQA 16/8 full as in the compiled GPT, of MHA (the head loop's cost where nothing walks),
 # and of GQA 32/8 with the walk switched off (b's head loop at one head per CTA).
-#   bash tools/ab_rounds/ab_call.sh "$OUT" tools/ab_rounds/patches/gqa-walk.patch \
-#     tools/ab_rounds/gqa_walk.sh "gqa or walk or mqa"
+#   AB_TEST_FILES="tests/test_cuda_backward.py tests/test_cuda_masks.py" bash \
+#     tools/ab_rounds/ab_call.sh "$OUT" tools/ab_rounds/patches/gqa-walk.patch \
+#     tools/ab_rounds/gqa_walk.sh "gqa or walk or mqa"   (run from main; carry .whl)
 python3 benchmarks/bench_bwd.py --dims 128 --seqs 8192 --reps 10 --check
 python3 benchmarks/profile_bwd.py --b 2 --h 32 --kv-heads 8 --s 8192 --d 128 --reps 5
 python3 benchmarks/profile_bwd.py --b 2 --h 16 --kv-heads 8 --s 8192 --d 128 --mask zeros --reps 5
