@@ -5,12 +5,20 @@ of 128, 8 kv heads, causal, b2 s8192, bf16 autocast) compiled twice: stock, and 
 ``enable(only_faster=...)``. One profiled forward + backward of each (after a warm-up step), then
 per model the kernels by summed GPU time, and the kernels whose time differs most between the
 two. Attention's share shows where the compiled path loses against bench_bwd's op-level figure.
+--isolated: then the same shapes' attention backward alone, back to back (ours through the op,
+cuDNN's through F.scaled_dot_product_attention's autograd), with the same kernel table: whether
+a kernel is slower inside the model than on its own. --clocks: the median SM clock and power
+(nvidia-smi, sampled every 20 ms) during each of those phases.
 
     python tools/compiled_step_kernels.py [--layers 8] [--seq-len 8192] [--all-calls]
+        [--isolated] [--clocks]
 """
 import argparse
 import collections
+import contextlib
 import copy
+import statistics
+import subprocess
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -25,13 +33,35 @@ def step(model, tokens):
     loss.backward()
 
 
-def kernel_times(model, tokens, reps):
-    """{kernel name: (summed ms per step, launches per step)} over `reps` profiled steps."""
-    step(model, tokens)
+@contextlib.contextmanager
+def clocks(name, enabled):
+    """With `enabled`: print the median SM clock (MHz) and power (W) while the block ran."""
+    if not enabled:
+        yield
+        return
+    cmd = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+           "-lms", "20"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        yield
+    finally:
+        proc.terminate()
+        rows = [line.split(",") for line in proc.communicate()[0].splitlines() if "," in line]
+        try:
+            mhz = statistics.median(float(r[0]) for r in rows)
+            watts = statistics.median(float(r[1]) for r in rows)
+            print(f"clocks during {name}: SM {mhz:.0f} MHz, {watts:.0f} W (median of {len(rows)} samples)")
+        except (ValueError, statistics.StatisticsError):
+            print(f"clocks during {name}: no samples")
+
+
+def kernel_times(fn, reps):
+    """{kernel name: (summed ms per call, launches per call)} over `reps` profiled calls of fn."""
+    fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            step(model, tokens)
+            fn()
         torch.cuda.synchronize()
     out = collections.defaultdict(lambda: [0.0, 0])
     for ev in prof.events():
@@ -53,6 +83,9 @@ def main():
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--all-calls", action="store_true",
                     help="route every eligible call (only_faster=False), not only the faster ones")
+    ap.add_argument("--isolated", action="store_true",
+                    help="also the attention backward of the same shapes alone, back to back")
+    ap.add_argument("--clocks", action="store_true", help="SM clock and power per phase")
     a = ap.parse_args()
     torch.manual_seed(0)
     base = TinyTransformer(vocab=256, dim=a.dim, heads=a.heads, kv_heads=a.kv_heads,
@@ -62,15 +95,43 @@ def main():
     torch._inductor.config.fx_graph_cache = False
     times = {}
     routed = torch.compile(copy.deepcopy(base))
-    with routing.enable(only_faster=not a.all_calls):
+    with routing.enable(only_faster=not a.all_calls), clocks("the routed model's steps", a.clocks):
         routing.routing_stats(reset=True)
-        times["routed"] = kernel_times(routed, tokens, a.reps)
+        times["routed"] = kernel_times(lambda: step(routed, tokens), a.reps)
         print("routing_stats:", {k: v for k, v in routing.routing_stats().items()
                                  if k in ("routed_nodes", "not_routed", "routed_calls")})
     torch._dynamo.reset()
     stock = torch.compile(copy.deepcopy(base))
-    times["stock"] = kernel_times(stock, tokens, a.reps)
+    with clocks("the stock model's steps", a.clocks):
+        times["stock"] = kernel_times(lambda: step(stock, tokens), a.reps)
     times = {"stock": times["stock"], "routed": times["routed"]}
+    if a.isolated:  # the model's attention shapes: q [B, H, S, D] and k / v [B, Hkv, S, D], BSHD
+        d = a.dim // a.heads
+        q, dout = (torch.randn(a.batch, a.seq_len, a.heads, d, device="cuda",
+                               dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+        k, v = (torch.randn(a.batch, a.seq_len, a.kv_heads, d, device="cuda",
+                            dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+        gqa = a.heads != a.kv_heads
+        out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, True, d ** -0.5, gqa)
+
+        def ours():
+            for _ in range(a.layers):
+                torch.ops.torch_sm90_sdpa.sdpa_backward(dout, q, k, v, out, lse, True, d ** -0.5, False)
+
+        qs, ks, vs = (t.detach().requires_grad_(True) for t in (q, k, v))
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=gqa)
+
+        def cudnn():
+            for _ in range(a.layers):
+                torch.autograd.grad(o, (qs, ks, vs), dout, retain_graph=True)
+
+        with clocks("our attention backward alone", a.clocks):
+            times["ours alone"] = kernel_times(ours, a.reps)
+        with clocks("cuDNN's attention backward alone", a.clocks):
+            times["cudnn alone"] = kernel_times(cudnn, a.reps)
+        print(f"\n(the 'alone' tables: {a.layers} backward calls per profiled call, as in a step)")
     for name, t in times.items():
         total = sum(ms for ms, _ in t.values())
         print(f"\n{name}: {total:.3f} ms of kernels per step; top {a.top}:")
