@@ -19,8 +19,9 @@ from torch.profiler import ProfilerActivity, profile
 import torch_sm90_sdpa  # noqa: F401
 
 
-def kernel_ms(fn, reps):
-    """{kernel name: device ms per call}, from the profiler's CUDA kernel events."""
+def kernel_ms(fn, reps, launches=False):
+    """{kernel name: device ms per call}, from the profiler's CUDA kernel events; with
+    launches, {kernel name: (device ms per call, launches per call)}."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -29,9 +30,13 @@ def kernel_ms(fn, reps):
             fn()
         torch.cuda.synchronize()
     per_kernel = collections.defaultdict(float)
+    count = collections.Counter()
     for e in p.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per_kernel[e.name] += e.device_time / 1e3 / reps
+            count[e.name] += 1
+    if launches:
+        return {k: (ms, count[k] // reps) for k, ms in per_kernel.items()}
     return dict(per_kernel)
 
 

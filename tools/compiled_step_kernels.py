@@ -2,9 +2,9 @@
 
 The demo's model (torch_sm90_sdpa.testing.TinyTransformer; default: 8 blocks, dim 2048, 16 heads
 of 128, 8 kv heads, causal, b2 s8192, bf16 autocast) compiled twice: stock, and with
-``enable(only_faster=...)``. One profiled forward + backward of each (after a warm-up step), then
-per model the kernels by summed GPU time, and the kernels whose time differs most between the
-two. Attention's share shows where the compiled path loses against bench_bwd's op-level figure.
+``enable(only_faster=...)``. Profiled forward + backward steps of each (after three warm-up
+steps, benchmarks/profile_bwd.py's kernel_ms), then per model the kernels by summed GPU time,
+and the kernels whose time differs most between the two. Attention's share shows where the compiled path loses against bench_bwd's op-level figure.
 --isolated: then the same shapes' attention backward alone, back to back (ours through the op,
 cuDNN's through F.scaled_dot_product_attention's autograd), with the same kernel table: whether
 a kernel is slower inside the model than on its own. --clocks: the median SM clock and power
@@ -14,17 +14,20 @@ a kernel is slower inside the model than on its own. --clocks: the median SM clo
         [--isolated] [--clocks]
 """
 import argparse
-import collections
 import contextlib
 import copy
+import os
 import statistics
 import subprocess
+import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from torch_sm90_sdpa import routing
 from torch_sm90_sdpa.testing import TinyTransformer, lm_loss
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from profile_bwd import kernel_ms  # noqa: E402
 
 
 def step(model, tokens):
@@ -55,22 +58,6 @@ def clocks(name, enabled):
             print(f"clocks during {name}: no samples")
 
 
-def kernel_times(fn, reps):
-    """{kernel name: (summed ms per call, launches per call)} over `reps` profiled calls of fn."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    out = collections.defaultdict(lambda: [0.0, 0])
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            out[ev.name][0] += ev.device_time / 1000.0 / reps
-            out[ev.name][1] += 1
-    return {k: (ms, n // reps) for k, (ms, n) in out.items()}
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=8)
@@ -97,13 +84,13 @@ def main():
     routed = torch.compile(copy.deepcopy(base))
     with routing.enable(only_faster=not a.all_calls), clocks("the routed model's steps", a.clocks):
         routing.routing_stats(reset=True)
-        times["routed"] = kernel_times(lambda: step(routed, tokens), a.reps)
+        times["routed"] = kernel_ms(lambda: step(routed, tokens), a.reps, launches=True)
         print("routing_stats:", {k: v for k, v in routing.routing_stats().items()
                                  if k in ("routed_nodes", "not_routed", "routed_calls")})
     torch._dynamo.reset()
     stock = torch.compile(copy.deepcopy(base))
     with clocks("the stock model's steps", a.clocks):
-        times["stock"] = kernel_times(lambda: step(stock, tokens), a.reps)
+        times["stock"] = kernel_ms(lambda: step(stock, tokens), a.reps, launches=True)
     times = {"stock": times["stock"], "routed": times["routed"]}
     if a.isolated:  # the model's attention shapes: q [B, H, S, D] and k / v [B, Hkv, S, D], BSHD
         d = a.dim // a.heads
@@ -128,9 +115,9 @@ def main():
                 torch.autograd.grad(o, (qs, ks, vs), dout, retain_graph=True)
 
         with clocks("our attention backward alone", a.clocks):
-            times["ours alone"] = kernel_times(ours, a.reps)
+            times["ours alone"] = kernel_ms(ours, a.reps, launches=True)
         with clocks("cuDNN's attention backward alone", a.clocks):
-            times["cudnn alone"] = kernel_times(cudnn, a.reps)
+            times["cudnn alone"] = kernel_ms(cudnn, a.reps, launches=True)
         print(f"\n(the 'alone' tables: {a.layers} backward calls per profiled call, as in a step)")
     for name, t in times.items():
         total = sum(ms for ms, _ in t.values())
