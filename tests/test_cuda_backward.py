@@ -258,9 +258,10 @@ def main_kernel_names(*args):
 
 
 @pytest.mark.parametrize("case", ["full", "causal", "deterministic"])
-def test_full_tile_serves_full_calls_only(case):
-    """The full-tile kernel runs the d128 calls neither causal nor deterministic; the others
-    keep the default tile, by which the deterministic semaphores are laid out."""
+def test_full_tile_serves_calls_not_deterministic(case):
+    """The full-tile kernel runs the d128 calls that are not deterministic, causal or full;
+    deterministic ones keep the default tile, by which the deterministic semaphores are laid
+    out."""
     need_variant(128, torch.bfloat16)
     q, k, v, dout = make_inputs(1, 2, 2, 300, 300, 128, torch.bfloat16)
     causal = case == "causal"
