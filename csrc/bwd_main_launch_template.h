@@ -80,7 +80,8 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   // The device layer (registration/bwd_device.cpp) checked the call: a served problem with
   // positive sizes, this variant, TMA-addressable operands and workspaces.
   BwdParams p = params;
-  bool const gqa = p.heads_q != p.heads_kv;
+  // dK / dV into the fp32 accumulators (GQA, one q head per CTA), else stored by the kernel
+  bool const dkv_accum = p.heads_q != p.heads_kv && p.heads_per_cta == 1;
   auto fix = [](int64_t& batch_stride, int64_t& head_stride, int64_t& row_stride, int batch, int heads,
                 int rows) {
     batch_stride = detail::tma_stride(batch_stride, batch);
@@ -91,24 +92,35 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   fix(p.dout_batch_stride, p.dout_head_stride, p.dout_row_stride, p.batch, p.heads_q, p.seqlen_q);
   fix(p.k_batch_stride, p.k_head_stride, p.k_row_stride, p.batch, p.heads_kv, p.seqlen_k);
   fix(p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.batch, p.heads_kv, p.seqlen_k);
-  if (!gqa) {
+  if (!dkv_accum) {
     fix(p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride, p.batch, p.heads_kv, p.seqlen_k);
     fix(p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride, p.batch, p.heads_kv, p.seqlen_k);
   }
 
-  // Heads per scheduling section: their Q and dO (and K/V) take about half of the L2.
+  // Head groups (heads_per_cta q heads each) per scheduling section: their Q and dO (and K/V)
+  // take about half of the L2.
   int const l2_bytes = p.l2_bytes > 0 ? p.l2_bytes : (50 << 20);
+  int const heads_per_cta = std::max(1, p.heads_per_cta);
   int64_t const bytes_per_head =
-      int64_t(kHeadDim) * sizeof(Element) * (2 * int64_t(p.seqlen_q) + 2 * int64_t(p.seqlen_k) * p.heads_kv / p.heads_q);
-  int64_t const hps = std::max<int64_t>(1, (int64_t(l2_bytes) / 2) / std::max<int64_t>(bytes_per_head, 1));
-  int const total_heads = p.heads_q * p.batch;
+      int64_t(kHeadDim) * sizeof(Element) * (2 * int64_t(p.seqlen_q) + 2 * int64_t(p.seqlen_k) * p.heads_kv / p.heads_q) *
+      heads_per_cta;
+  int const num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  int64_t hps = std::max<int64_t>(1, (int64_t(l2_bytes) / 2) / std::max<int64_t>(bytes_per_head, 1));
+  // A CTA that walks its GQA group does a group's work, so a section of one group has one CTA
+  // per key block, fewer than the SMs: take at least kMinWalkSectionCtas (measured, GQA 32/8
+  // s8192 d128 is_causal: sections of 64 CTAs 4.79 ms, of 128 4.35 ms; of 256 4.41).
+  constexpr int kMinWalkSectionCtas = 128;
+  if (heads_per_cta > 1) {
+    hps = std::max<int64_t>(hps, (kMinWalkSectionCtas + num_n_blocks - 1) / num_n_blocks);
+  }
+  int const total_heads = p.heads_q / heads_per_cta * p.batch;
   // Key-block-major order (the key blocks with the most query blocks first) for causal attention
   // and under a mask: the masks models pass are causal-like (causal, padding, sliding windows,
   // packed documents), whose work per key block falls with the key index like causal's.
   // Deterministic mode: key-block major as well, in its order's direction (tile_scheduler.h).
   bool const n_block_major = p.is_causal || p.mask_kind != MaskKind::kNone || p.deterministic;
   bool const reverse_n = p.deterministic && p.deterministic_order == DeterministicOrder::kKeysDescending;
-  typename Scheduler::Params sched{(p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_q, p.batch,
+  typename Scheduler::Params sched{num_n_blocks, p.heads_q / heads_per_cta, p.batch,
                                    static_cast<int>(std::min<int64_t>(hps, total_heads)), n_block_major,
                                    reverse_n};
 

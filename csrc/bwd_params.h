@@ -74,6 +74,12 @@ struct BwdParams {
   // launched before it); GQA dK / dV are kept per q head and summed by the postprocess.
   bool deterministic = false;
   DeterministicOrder deterministic_order = DeterministicOrder::kKeysDescending;
+  // The q heads one CTA of the main kernel walks, one after the other, for its key block: 1,
+  // or (GQA, default mode, no mask or one shared by the heads) the whole group Hq / Hkv. Then
+  // the CTA sums the group's dK / dV in registers and stores them as MHA's: no dk_accum /
+  // dv_accum (null), nothing to zero or convert, and K / V are loaded once per group.
+  // Set by the device layer (make_params).
+  int heads_per_cta = 1;
 
   // ---- inputs: [B, H, S, D] views, element strides, last dim contiguous ----
   const void* q = nullptr;     // [B, Hq, Sq, D]
@@ -130,7 +136,7 @@ struct BwdParams {
   // dq_accum's columns in the main kernel's permuted order (dq_accum_permuted_for): set by the
   // device layer from head_dim, read by the postprocess.
   bool dq_accum_permuted = false;
-  // GQA only (Hq != Hkv), else nullptr: unscaled dK and dV. Default mode: [B, Hkv, Sk_rounded,
+  // GQA with heads_per_cta == 1 only, else nullptr: unscaled dK and dV. Default mode: [B, Hkv, Sk_rounded,
   // D / Dv], summed over each group by reduce-adds into buffers the preprocess zeroed.
   // Deterministic mode: [B, Hq, Sk_rounded, D / Dv], one tile per q head, stored (every tile,
   // zeros included); the postprocess sums each group in q-head order.

@@ -288,9 +288,27 @@ Decision can_implement(const BwdProblem& p) {
   return d;
 }
 
+int gqa_heads_per_cta(const BwdProblem& p) {
+  if (p.heads_kv <= 0 || p.heads_q <= 0 || p.heads_q == p.heads_kv ||
+      p.heads_q % p.heads_kv != 0 || p.deterministic) {
+    return 1;
+  }
+  // a per-head mask gives the group's heads different walks
+  if (p.mask_kind != 0 && mask_instances_heads(p) != 1) return 1;
+  const int bn = tile_block_n(p.head_dim);
+  if (bn <= 0) return 1;
+  const char* env = std::getenv("TORCH_SM90_SDPA_GQA_WALK");
+  const std::string mode = env != nullptr ? env : "";
+  if (mode == "0") return 1;
+  const int64_t ctas = int64_t(p.batch) * p.heads_kv * ((p.seqlen_k + bn - 1) / bn);
+  return (mode == "1" || ctas >= kMinGroupWalkCtas) ? p.heads_q / p.heads_kv : 1;
+}
+
 WorkspaceLayout workspace_layout(const BwdProblem& p) {
   WorkspaceLayout w;
-  w.gqa = p.heads_q != p.heads_kv;
+  w.heads_per_cta = gqa_heads_per_cta(p);
+  // a CTA that walks its whole group stores dK / dV itself: no accumulators
+  w.gqa = p.heads_q != p.heads_kv && w.heads_per_cta == 1;
   const int64_t sq_r = round_up(p.seqlen_q, kSeqRound), sk_r = round_up(p.seqlen_k, kSeqRound);
   const int64_t n_dq = int64_t(p.batch) * p.heads_q * sq_r * p.head_dim;
   // deterministic GQA keeps one dK / dV tile per q head (summed by the postprocess)
@@ -438,6 +456,7 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
     }
   }
   const WorkspaceLayout w = workspace_layout(p);
+  n.heads_per_cta = w.heads_per_cta;
   char* base = static_cast<char*>(ptrs.workspace);
   auto at = [&](int64_t off) { return base == nullptr ? nullptr : reinterpret_cast<float*>(base + off); };
   n.dq_accum = at(w.dq_accum);
@@ -563,11 +582,22 @@ void run(const BwdParams& params, cudaStream_t stream) {
                    " and ", p0.head_dim, ")"));
   }
   const bool gqa = p0.heads_q != p0.heads_kv;
-  if (gqa != (p0.dk_accum != nullptr)) {
-    fail_value(cat(what, gqa ? ": GQA (heads_q != heads_kv) needs the fp32 workspaces dk_accum "
-                               "and dv_accum"
-                             : ": dk_accum / dv_accum must be null when heads_q == heads_kv "
-                               "(the main kernel writes dk and dv directly)"));
+  const int group = gqa ? p0.heads_q / p0.heads_kv : 1;
+  if (p0.heads_per_cta != 1 &&
+      (!gqa || p0.heads_per_cta != group || p0.deterministic ||
+       (p0.mask_kind != MaskKind::kNone && p0.mask_heads != 1))) {
+    fail_value(cat(what, ": heads_per_cta (", p0.heads_per_cta, ") must be 1, or the GQA group (",
+                   group, ") in the default mode with no mask or one shared by the heads (fill "
+                   "it with make_params)"));
+  }
+  // dK / dV through the fp32 accumulators: GQA with one q head per CTA
+  const bool dkv_accum = gqa && p0.heads_per_cta == 1;
+  if (dkv_accum != (p0.dk_accum != nullptr)) {
+    fail_value(cat(what, dkv_accum ? ": GQA (heads_q != heads_kv) with one q head per CTA needs "
+                                     "the fp32 workspaces dk_accum and dv_accum"
+                                   : ": dk_accum / dv_accum must be null when heads_q == heads_kv "
+                                     "or a CTA walks its GQA group (the main kernel writes dk "
+                                     "and dv directly)"));
   }
   if (p0.deterministic && p0.dq_semaphore == nullptr) {
     fail_value(cat(what, ": deterministic mode needs the dq_semaphore workspace (fill it with "
@@ -593,7 +623,7 @@ void run(const BwdParams& params, cudaStream_t stream) {
   check_tma(p0.v, p0.v_batch_stride, B, p0.v_head_stride, Hkv, p0.v_row_stride, Sk, "v", what);
   check_tma(p0.dout, p0.dout_batch_stride, B, p0.dout_head_stride, Hq, p0.dout_row_stride, Sq,
             "dout", what);
-  if (!gqa) {  // the main kernel writes dk and dv itself
+  if (!dkv_accum) {  // the main kernel writes dk and dv itself
     check_tma(p0.dk, p0.dk_batch_stride, B, p0.dk_head_stride, Hkv, p0.dk_row_stride, Sk, "dk",
               what);
     check_tma(p0.dv, p0.dv_batch_stride, B, p0.dv_head_stride, Hkv, p0.dv_row_stride, Sk, "dv",
@@ -628,8 +658,8 @@ void run(const BwdParams& params, cudaStream_t stream) {
   }
   dispatch_main(p, stream);
   check_launch("main backward kernel");
-  // GQA: dq, dk and dv from the accumulators; MHA (dk_accum is null): dq only, the main
-  // kernel wrote dk and dv itself
+  // GQA with accumulators: dq, dk and dv from them; else (dk_accum is null): dq only, the
+  // main kernel wrote dk and dv itself
   run_bwd_postprocess(p, stream);
   check_launch("postprocess kernel");
 }

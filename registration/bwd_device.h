@@ -86,8 +86,8 @@ bool tma_addressable(const OperandLayout& layout, int elem_bytes, int batch, int
 
 // The workspaces, as byte offsets into one allocation of `bytes` (16-byte aligned pieces):
 //   fp32 dq_accum [B, Hq, Sq_rounded, D], dk_accum [B, Hkv, Sk_rounded, D] and dv_accum
-//   [B, Hkv, Sk_rounded, Dv] (GQA only, else size 0; deterministic GQA: Hq heads, one tile per
-//   q head), dpsum and lse_log2 [B, Hq, Sq_rounded]; with a mask, the tile classes (bytes)
+//   [B, Hkv, Sk_rounded, Dv] (GQA with heads_per_cta == 1 only, else size 0; deterministic
+//   GQA: Hq heads, one tile per q head), dpsum and lse_log2 [B, Hq, Sq_rounded]; with a mask, the tile classes (bytes)
 //   [mask_batch, mask_heads, n_blocks, m_blocks], the int32 non-empty m-block ranges
 //   [mask_batch, mask_heads, n_blocks, 2], the visibility bits of partial tiles (tile_m * tile_n
 //   / 8 bytes per tile, every tile has room) and, additive masks, the fp32 score bounds of the
@@ -100,7 +100,8 @@ struct WorkspaceLayout {
   int64_t score_bounds = 0;  // additive masks: q_norm_max, lse_min, k_norm_max (BwdParams)
   int64_t dq_semaphore = 0;
   int64_t bytes = 0;
-  bool gqa = false;
+  bool gqa = false;       // dk_accum / dv_accum are laid out (GQA, heads_per_cta == 1)
+  int heads_per_cta = 1;  // BwdParams::heads_per_cta of this problem (gqa_heads_per_cta)
 };
 
 // With a mask: the distinct mask instances along B and Hq (1 where the view broadcasts).
@@ -122,6 +123,14 @@ struct BwdPointers {
   const void* mask = nullptr;
   void* workspace = nullptr;
 };
+
+// The q heads one main-kernel CTA walks (BwdParams::heads_per_cta): the GQA group Hq / Hkv
+// for a GQA problem in the default mode without a mask or with one shared by the heads, whose
+// kv heads' key blocks make at least kMinGroupWalkCtas CTAs (a CTA then does a group's work:
+// with fewer the last wave would leave SMs idle); else 1. TORCH_SM90_SDPA_GQA_WALK=0 in the
+// environment (read per call) keeps 1, =1 takes the group whatever the CTA count.
+constexpr int64_t kMinGroupWalkCtas = 512;  // about four waves on 132 SMs
+int gqa_heads_per_cta(const BwdProblem& problem);
 
 // Deterministic mode: the order the kernels add dQ tiles in (DeterministicOrder in
 // bwd_params.h), chosen per problem; TORCH_SM90_SDPA_DETERMINISTIC_ORDER=ascending|descending

@@ -274,7 +274,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("score_bounds", &dev::WorkspaceLayout::score_bounds)
       .def_readonly("dq_semaphore", &dev::WorkspaceLayout::dq_semaphore)
       .def_readonly("bytes", &dev::WorkspaceLayout::bytes)
-      .def_readonly("gqa", &dev::WorkspaceLayout::gqa);
+      .def_readonly("gqa", &dev::WorkspaceLayout::gqa)
+      .def_readonly("heads_per_cta", &dev::WorkspaceLayout::heads_per_cta);
   m.def("workspace_layout", &dev::workspace_layout, py::arg("problem"));
 
   py::class_<dev::BwdPointers>(m, "BwdPointers")
@@ -311,7 +312,7 @@ PYBIND11_MODULE(_C, m) {
       FIELD(head_dim) FIELD(head_dim_v) FIELD(seqlen_q_rounded) FIELD(seqlen_k_rounded)
       .def_property("dtype", &dtype_code, &set_dtype)
       // semantics
-      FIELD(scale) FIELD(scale_log2) FIELD(is_causal) FIELD(deterministic)
+      FIELD(scale) FIELD(scale_log2) FIELD(is_causal) FIELD(deterministic) FIELD(heads_per_cta)
       // inputs
       TENSOR_FIELDS(q, const void*) TENSOR_FIELDS(k, const void*) TENSOR_FIELDS(v, const void*)
       TENSOR_FIELDS(out, const void*) TENSOR_FIELDS(dout, const void*)

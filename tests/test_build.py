@@ -308,6 +308,49 @@ def test_workspace_layout_mha_has_no_kv_accumulators():
 
 
 @needs_C
+def test_gqa_group_walk_decision(monkeypatch):
+    """GQA in the default mode: one CTA walks its kv head's whole group of q heads
+    (heads_per_cta; it stores dK / dV itself, so no fp32 accumulators are laid out) once the kv
+    heads' key blocks make at least 512 CTAs (kMinGroupWalkCtas), unless deterministic or masked
+    per head. TORCH_SM90_SDPA_GQA_WALK=0 switches it off, =1 on whatever the CTA count."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    d = 128  # (the decision reads the generated tile table, built variant or not)
+    monkeypatch.delenv("TORCH_SM90_SDPA_GQA_WALK", raising=False)
+    n = gen.TILES[d].block_n
+    sk = 512 // 8 * n  # 8 kv heads x 64 key blocks: 512 CTAs
+
+    def layout(hq, hkv, sk, deterministic=False, mask=None):
+        q = torch.empty(1, hq, 1, d, dtype=torch.bfloat16)
+        k = torch.empty(1, hkv, sk, d, dtype=torch.bfloat16)
+        lse = torch.empty(1, hq, 1)
+        return C.workspace_layout(cb.problem_of(q, q, k, k, q, lse, False, deterministic,
+                                                attn_mask=mask))
+
+    w = layout(32, 8, sk)
+    assert w.heads_per_cta == 4 and not w.gqa
+    assert w.dk_accum == w.dv_accum == w.dpsum  # no accumulators between dq_accum and dpsum
+    fewer = layout(32, 8, sk - n)  # 504 CTAs
+    assert fewer.heads_per_cta == 1 and fewer.gqa and fewer.dv_accum > fewer.dk_accum
+    assert layout(32, 8, sk, deterministic=True).heads_per_cta == 1
+    assert layout(8, 8, sk).heads_per_cta == 1  # MHA
+    shared = torch.zeros(1, 1, 1, sk, dtype=torch.bool)
+    per_head = torch.zeros(1, 32, 1, sk, dtype=torch.bool)
+    assert layout(32, 8, sk, mask=shared).heads_per_cta == 4
+    assert layout(32, 8, sk, mask=per_head).heads_per_cta == 1
+    monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", "0")
+    assert layout(32, 8, sk).heads_per_cta == 1
+    monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", "1")
+    assert layout(4, 2, 100).heads_per_cta == 2
+    assert layout(4, 2, 100, deterministic=True).heads_per_cta == 1
+    # make_params passes it on, with the accumulators null
+    q = torch.randn(1, 4, 70, d, dtype=torch.bfloat16)
+    k = torch.randn(1, 2, 90, d, dtype=torch.bfloat16)
+    p, ws = cb.make_params(q, q, k, k, q, torch.randn(1, 4, 70))
+    assert p.heads_per_cta == 2 and p.dk_accum == p.dv_accum == 0 and ws.dk_accum is None
+
+
+@needs_C
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16])
 def test_masked_workspace_has_tile_classes_ranges_bits_and_bounds(mask_dtype):
     """A mask adds, in this order: one class byte per tile and mask instance, one (lo, hi) int32
@@ -445,6 +488,19 @@ def test_backward_param_errors():
     p.dv_accum = 0
     with pytest.raises(ValueError, match="both set or both null"):
         C.preprocess(p, 0)
+    # heads_per_cta: 1, or the whole GQA group (2 here) with the accumulators null, not
+    # deterministic
+    p = _valid_params()
+    p.heads_per_cta = 2
+    with pytest.raises(ValueError, match="must be null when heads_q == heads_kv or a CTA walks"):
+        C.run(p, 0)
+    for field, value in (("heads_per_cta", 3), ("deterministic", True), ("heads_q", 4)):
+        p = _valid_params()
+        p.heads_per_cta = 2
+        p.dk_accum = p.dv_accum = 0
+        setattr(p, field, value)
+        with pytest.raises(ValueError, match=r"heads_per_cta \(\d\) must be 1, or the GQA group"):
+            C.run(p, 0)
     p = _valid_params()
     p.head_dim = p.head_dim_v = 72
     p.dq_accum_permuted = True  # 8-column segments permuted within groups of 32 columns

@@ -206,6 +206,41 @@ def test_gqa_against_fp64(dtype, head_dim, is_causal, heads, seqs):
     run_case(2, heads[0], heads[1], seqs[0], seqs[1], head_dim, dtype, is_causal)
 
 
+def heads_per_cta(B, Hq, Hkv, Sq, Sk, D, dtype, is_causal=False, deterministic=False):
+    """BwdParams::heads_per_cta the device layer picks for this problem (make_params)."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    q, k, v, dout = make_inputs(B, Hq, Hkv, Sq, Sk, D, dtype)
+    lse = torch.zeros(B, Hq, Sq, device="cuda")
+    return cb.make_params(dout, q, k, v, q, lse, is_causal, 1.0, deterministic)[0].heads_per_cta
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads", [(8, 2), (8, 1)], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("seqs", [(1000, 1000), (333, 777), (81, 2048)], ids=["s1000", "q333k777", "q81k2048"])
+def test_gqa_group_walk_against_fp64(dtype, head_dim, is_causal, heads, seqs, monkeypatch):
+    """TORCH_SM90_SDPA_GQA_WALK=1: each CTA walks its kv head's whole group of q heads, dK /
+    dV summed in registers and stored directly (no fp32 accumulators): the same criterion."""
+    need_variant(head_dim, dtype)
+    monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", "1")
+    assert heads_per_cta(2, heads[0], heads[1], seqs[0], seqs[1], head_dim, dtype) == heads[0] // heads[1]
+    run_case(2, heads[0], heads[1], seqs[0], seqs[1], head_dim, dtype, is_causal)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_gqa_group_walk_by_default(is_causal, monkeypatch):
+    """Without the switch the walk starts at 512 kv-head key-block CTAs (4 x 8 kv heads x 16
+    key blocks of 128 at d128 2k) and not below; deterministic mode never walks."""
+    need_variant(128, torch.bfloat16)
+    monkeypatch.delenv("TORCH_SM90_SDPA_GQA_WALK", raising=False)
+    assert heads_per_cta(4, 16, 8, 2048, 2048, 128, torch.bfloat16) == 2
+    assert heads_per_cta(4, 16, 8, 2048, 1920, 128, torch.bfloat16) == 1  # 480 CTAs
+    assert heads_per_cta(4, 16, 8, 2048, 2048, 128, torch.bfloat16, deterministic=True) == 1
+    run_case(4, 16, 8, 2048, 2048, 128, torch.bfloat16, is_causal)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("layout", ["packed", "bshd"])

@@ -158,6 +158,28 @@ def test_masks_with_gqa(kind, heads):
     run_masked(kind, 2, heads[0], heads[1], 512, 512, 128, torch.bfloat16)
 
 
+@pytest.mark.parametrize("kind", ["causal", "padding right", "documents", "random per head",
+                                  "rows without keys", "additive bias", "key padding [B,1,1,Sk]"])
+@pytest.mark.parametrize("heads", [(8, 2), (8, 1)], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_masks_with_gqa_group_walk(kind, heads, head_dim, monkeypatch):
+    """TORCH_SM90_SDPA_GQA_WALK=1: a mask shared by the heads lets one CTA walk the whole group
+    (a per-head mask, "random per head", keeps one q head per CTA: the same criterion)."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", "1")
+    square = kind in ("documents", "padding right")  # (padding right also with is_causal)
+    sq, sk = (400, 400) if square else (300, 700)
+    q = torch.empty(2, heads[0], sq, head_dim, device=DEV, dtype=torch.bfloat16)
+    k = torch.empty(2, heads[1], sk, head_dim, device=DEV, dtype=torch.bfloat16)
+    mask = make_mask(kind, 2, heads[0], sq, sk, torch.bfloat16)
+    layout = cb._module().workspace_layout(
+        cb.problem_of(q, q, k, k, q, torch.empty(2, heads[0], sq, device=DEV), attn_mask=mask))
+    assert layout.heads_per_cta == (1 if kind == "random per head" else heads[0] // heads[1])
+    run_masked(kind, 2, heads[0], heads[1], sq, sk, head_dim, torch.bfloat16,
+               is_causal=kind == "padding right")
+
+
 @pytest.mark.parametrize("kind", ["padding right", "random per head", "additive bias"])
 def test_masks_combined_with_is_causal(kind):
     run_masked(kind, 2, 4, 2, 400, 400, 128, torch.bfloat16, is_causal=True)

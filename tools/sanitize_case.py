@@ -3,7 +3,10 @@
 MHA and GQA epilogues, both tile families, masked calls (bool and additive masks, with
 empty, partial and full tiles, broadcast over heads and batch), and the deterministic mode
 (its dQ turn counters; GQA's per-q-head dK / dV; a mask) on three of them, and a finite-fill
-bias (the score-bound pass of the classification)."""
+bias (the score-bound pass of the classification). The GQA cases run twice: with one q head
+per CTA and with each CTA walking its group (TORCH_SM90_SDPA_GQA_WALK=1, read per call)."""
+import os
+
 import torch
 
 import torch_sm90_sdpa  # noqa: F401
@@ -42,7 +45,11 @@ def make_mask(kind, b, sq, sk):
     return keep
 
 
-for b, hq, hkv, sq, sk, d, causal, kind, deterministic in CASES:
+# (deterministic mode never walks: its GQA cases run once)
+RUNS = [(case, walk) for case in CASES
+        for walk in (("0", "1") if case[1] != case[2] and not case[8] else ("0",))]
+for (b, hq, hkv, sq, sk, d, causal, kind, deterministic), walk in RUNS:
+    os.environ["TORCH_SM90_SDPA_GQA_WALK"] = walk
     q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     mask = make_mask(kind, b, sq, sk) if kind else None
@@ -50,5 +57,5 @@ for b, hq, hkv, sq, sk, d, causal, kind, deterministic in CASES:
     grads = torch.ops.torch_sm90_sdpa.sdpa_backward(torch.randn_like(out), q, k, v, out, lse,
                                                     causal, d ** -0.5, deterministic, mask)
     torch.cuda.synchronize()
-    print("case", (b, hq, hkv, sq, sk, d, causal, kind, deterministic), "finite:",
+    print("case", (b, hq, hkv, sq, sk, d, causal, kind, deterministic), "walk", walk, "finite:",
           all(g.isfinite().all().item() for g in grads))

@@ -33,8 +33,8 @@ class Workspace(NamedTuple):
     dpsum: Tensor  # [B, Hq, Sq_rounded]
     lse_log2: Tensor  # [B, Hq, Sq_rounded]
     dq_accum: Tensor  # [B, Hq, Sq_rounded, D]
-    dk_accum: Optional[Tensor]  # [B, Hkv, Sk_rounded, D] (GQA only)
-    dv_accum: Optional[Tensor]  # [B, Hkv, Sk_rounded, Dv] (GQA only)
+    dk_accum: Optional[Tensor]  # [B, Hkv, Sk_rounded, D] (GQA with one q head per CTA only)
+    dv_accum: Optional[Tensor]  # [B, Hkv, Sk_rounded, Dv] (same)
     buffer: Tensor  # the allocation they live in
 
 
@@ -122,7 +122,8 @@ def make_params(grad_out, q, k, v, out, lse, is_causal=False, scale=1.0, determi
                 dq=None, dk=None, dv=None, gqa_accum: Optional[bool] = None):
     """A filled ``_C.BwdParams`` and its workspace (tests of the pre/post kernels).
 
-    gqa_accum: use dk_accum and dv_accum (default: Hq != Hkv). Outputs left None are null
+    gqa_accum: use dk_accum and dv_accum (default: GQA whose CTAs take one q head each, i.e.
+    the workspace layout's ``gqa``; a CTA that walks its group needs none). Outputs left None are null
     pointers. Keep the returned Workspace alive until the kernels ran."""
     C = _module()
     problem = problem_of(grad_out, q, k, v, out, lse, is_causal, deterministic, dq, dk, dv)

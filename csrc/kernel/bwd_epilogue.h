@@ -2,6 +2,8 @@
 // to global memory through shared memory and TMA.
 //   MHA (Hq == Hkv): dK * scale and dV in the input dtype, TMA store into params.dk / params.dv
 //                    (arbitrary batch/head/row strides; rows >= Sk are clipped by the tensor map).
+//                    Also GQA when one CTA walks the whole group (heads_per_cta > 1: dK, dV
+//                    summed over the group's q heads in registers).
 //   GQA           : unscaled fp32 dK, dV, TMA reduce-add into dk_accum / dv_accum (summed over
 //                    the q heads of the group by every CTA of the group). Deterministic mode:
 //                    TMA store into this q head's tile of dk_accum / dv_accum ([B, Hq, ...]);
@@ -70,7 +72,7 @@ struct BwdEpilogue {
     TMA_dKVAccumStore tma_store_dV_per_qhead;
     float scale;
     int qhead_per_khead;
-    bool gqa;
+    bool gqa;        // dK / dV go to the fp32 accumulators (GQA, one q head per CTA)
     bool per_qhead;  // deterministic GQA: one fp32 tile per q head, stored
   };
 
@@ -78,7 +80,8 @@ struct BwdEpilogue {
     Params out{};
     out.scale = p.scale;
     out.qhead_per_khead = p.heads_q / p.heads_kv;
-    out.gqa = p.heads_q != p.heads_kv;
+    // (a CTA that walks its whole GQA group stores the group's dK / dV as MHA's)
+    out.gqa = p.heads_q != p.heads_kv && p.heads_per_cta == 1;
     out.per_qhead = out.gqa && p.deterministic;
     if (!out.gqa) {
       out.shape_dKV = make_shape(p.seqlen_k, int32_t(kHeadDim), p.heads_kv, p.batch);

@@ -94,7 +94,10 @@ struct BwdKernel {
     Epilogue epilogue;
     __syncthreads();  // barrier initialization visible to all
 
-    auto [n_block, bidh, bidb] = Scheduler::get_block(params.scheduler);
+    auto [n_block, head_group, bidb] = Scheduler::get_block(params.scheduler);
+    // the CTA's first q head: the scheduler counts groups of heads_per_cta q heads (1, or a
+    // GQA group walked by one CTA)
+    int const bidh = head_group * params.mainloop.heads_per_cta;
 
     if (warp_group_idx == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();

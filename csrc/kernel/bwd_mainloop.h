@@ -295,6 +295,9 @@ struct BwdMainloop {
     int seqlen_q_rounded;
     int num_heads_q;
     int qhead_per_khead;
+    // q heads one CTA walks in turn (BwdParams::heads_per_cta): 1, or the GQA group, whose
+    // heads then run the m-block walk one after the other with K / V loaded once
+    int heads_per_cta;
     float scale_log2;
     bool is_causal;
     // optional mask (BwdParams' fields; mask_kind kNone: none) and its tile classes
@@ -353,6 +356,7 @@ struct BwdMainloop {
         p.seqlen_q_rounded,
         p.heads_q,
         p.heads_q / p.heads_kv,
+        p.heads_per_cta,
         p.scale_log2,
         p.is_causal,
         p.mask_kind,
@@ -475,97 +479,102 @@ struct BwdMainloop {
     Tensor sdPsum = make_tensor(make_smem_ptr(st.smem_dpsum.data()), SmemLayoutdPsum{});
 
     int const bidh_kv = bidh / params.qhead_per_khead;
-    Tensor mQ = params.tma_load_Q.get_tma_tensor(params.shape_Q)(_, _, bidh, bidb);
-    Tensor mdO = params.tma_load_dO.get_tma_tensor(params.shape_Q)(_, _, bidh, bidb);
     Tensor mK = params.tma_load_K.get_tma_tensor(params.shape_K)(_, _, bidh_kv, bidb);
     Tensor mV = params.tma_load_V.get_tma_tensor(params.shape_K)(_, _, bidh_kv, bidb);
-    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));   // (M, D, m)
-    Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{})); // (M, D, m)
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));  // (N, D)
     Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));  // (N, D)
-
-    int64_t const row_offset = (int64_t(bidb) * params.num_heads_q + bidh) * params.seqlen_q_rounded;
-    Tensor mLSE = make_tensor(make_gmem_ptr(params.ptr_lse_log2 + row_offset), make_shape(params.seqlen_q_rounded));
-    Tensor mdPsum = make_tensor(make_gmem_ptr(params.ptr_dpsum + row_offset), make_shape(params.seqlen_q_rounded));
-    Tensor gLSE = local_tile(mLSE, Shape<Int<kBlockM>>{}, make_coord(_));      // (M, m)
-    Tensor gdPsum = local_tile(mdPsum, Shape<Int<kBlockM>>{}, make_coord(_));  // (M, m)
 
     auto tma_Q = params.tma_load_Q.get_slice(_0{});
     auto tma_dO = params.tma_load_dO.get_slice(_0{});
     auto tma_K = params.tma_load_K.get_slice(_0{});
     auto tma_V = params.tma_load_V.get_slice(_0{});
-    Tensor tQgQ = group_modes<0, 3>(tma_Q.partition_S(gQ));       // (TMA, m)
     Tensor tQsQ = group_modes<0, 3>(tma_Q.partition_D(sQ));       // (TMA, stage)
-    Tensor tdOgdO = group_modes<0, 3>(tma_dO.partition_S(gdO));   // (TMA, m)
     Tensor tdOsdO = group_modes<0, 3>(tma_dO.partition_D(sdO));   // (TMA, stage)
     Tensor tKgK = tma_K.partition_S(gK);
     Tensor tKsK = tma_K.partition_D(sK);
     Tensor tVgV = tma_V.partition_S(gV);
     Tensor tVsV = tma_V.partition_D(sV);
     auto bulk_copy = Copy_Traits<SM90_BULK_COPY_AUTO>{};
-    // kRowStatTma: this head's row of (Sq_rounded, B * Hq) in kBlockM-row boxes
-    auto row_stat_boxes = [&](auto const& tma) {
-      Tensor m = tma.get_tma_tensor(make_shape(params.seqlen_q_rounded, params.num_heads_q * get<3>(params.shape_Q)));
-      Tensor g = local_tile(m, Shape<Int<kBlockM>, _1>{}, make_coord(_, bidb * params.num_heads_q + bidh));
-      return tma.get_slice(_0{}).partition_S(g);  // (TMA, TMA_M, TMA_N, m)
-    };
     auto row_stat_stage = [&](auto const& tma, float* stage_ptr) {
       return tma.get_slice(_0{}).partition_D(make_tensor(make_smem_ptr(stage_ptr), SmemLayoutRowStatBox{}));
     };
 
     if (cute::elect_one_sync()) {
-      auto load_q = [&](int m) {
-        pipeline_q.producer_acquire(write_q);
-        auto* bar = pipeline_q.producer_get_barrier(write_q);
-        if constexpr (kMasked) {
-          if (classes[m] == kTilePartialBits) {
-            // the stage's expected bytes grow before any of its copies is issued, so its
-            // phase cannot complete without the bits
-            cutlass::arch::ClusterTransactionBarrier::expect_transaction(bar, kMaskBitBytes);
-            Tensor gBits = make_tensor(
-                make_gmem_ptr(params.tile_bits + (first_tile_index(params, n_block, bidh, bidb) + m) * kMaskBitWords),
-                Shape<Int<kMaskBitWords>>{});
-            Tensor sBits = make_tensor(make_smem_ptr(st.smem_mask_bits.data() + write_q.index() * kMaskBitWords),
-                                       Shape<Int<kMaskBitWords>>{});
-            copy(bulk_copy.with(*bar), gBits, sBits);
-          }
-        }
-        copy(params.tma_load_Q.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, write_q.index()));
-        if constexpr (kRowStatTma) {
-          copy(params.tma_load_lse.with(*bar, 0), row_stat_boxes(params.tma_load_lse)(_, _, _, m),
-               row_stat_stage(params.tma_load_lse, st.smem_lse.data() + write_q.index() * kRowStatStageStride));
-        } else {
-          copy(bulk_copy.with(*bar), gLSE(_, m), sLSE(_, write_q.index()));
-        }
-        ++write_q;
-      };
-      auto load_do = [&](int m) {
-        pipeline_do.producer_acquire(write_do);
-        auto* bar = pipeline_do.producer_get_barrier(write_do);
-        copy(params.tma_load_dO.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m),
-             tdOsdO(_, write_do.index()));
-        if constexpr (kRowStatTma) {
-          copy(params.tma_load_dpsum.with(*bar, 0), row_stat_boxes(params.tma_load_dpsum)(_, _, _, m),
-               row_stat_stage(params.tma_load_dpsum, st.smem_dpsum.data() + write_do.index() * kRowStatStageStride));
-        } else {
-          copy(bulk_copy.with(*bar), gdPsum(_, m), sdPsum(_, write_do.index()));
-        }
-        ++write_do;
-      };
       using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
       ss.pipelines.barrier_KV.arrive_and_expect_tx(2 * kTmaBytesK);
       copy(params.tma_load_K.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tKgK, tKsK);
       copy(params.tma_load_V.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tVgV, tVsV);
       wait_for_prior_grid();  // lse_log2 and dpsum come from the preprocess
-      load_q(m_first);
-      int m = m_first;
+      // The q heads of this CTA (heads_per_cta > 1: a GQA group, each walking the same
+      // m-blocks: no mask, or one shared by the heads), one after the other through the same
+      // pipelines; K and V stay.
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int m_next = following_m_block(params, classes, m, m_min, m_max); m_next >= 0;
-           m = m_next, m_next = following_m_block(params, classes, m, m_min, m_max)) {
+      for (int h = bidh; h < bidh + params.heads_per_cta; ++h) {
+        Tensor mQ = params.tma_load_Q.get_tma_tensor(params.shape_Q)(_, _, h, bidb);
+        Tensor mdO = params.tma_load_dO.get_tma_tensor(params.shape_Q)(_, _, h, bidb);
+        Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));   // (M, D, m)
+        Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{})); // (M, D, m)
+        Tensor tQgQ = group_modes<0, 3>(tma_Q.partition_S(gQ));       // (TMA, m)
+        Tensor tdOgdO = group_modes<0, 3>(tma_dO.partition_S(gdO));   // (TMA, m)
+        int64_t const row_offset = (int64_t(bidb) * params.num_heads_q + h) * params.seqlen_q_rounded;
+        Tensor mLSE = make_tensor(make_gmem_ptr(params.ptr_lse_log2 + row_offset), make_shape(params.seqlen_q_rounded));
+        Tensor mdPsum = make_tensor(make_gmem_ptr(params.ptr_dpsum + row_offset), make_shape(params.seqlen_q_rounded));
+        Tensor gLSE = local_tile(mLSE, Shape<Int<kBlockM>>{}, make_coord(_));      // (M, m)
+        Tensor gdPsum = local_tile(mdPsum, Shape<Int<kBlockM>>{}, make_coord(_));  // (M, m)
+        // kRowStatTma: this head's row of (Sq_rounded, B * Hq) in kBlockM-row boxes
+        auto row_stat_boxes = [&](auto const& tma) {
+          Tensor m = tma.get_tma_tensor(make_shape(params.seqlen_q_rounded, params.num_heads_q * get<3>(params.shape_Q)));
+          Tensor g = local_tile(m, Shape<Int<kBlockM>, _1>{}, make_coord(_, bidb * params.num_heads_q + h));
+          return tma.get_slice(_0{}).partition_S(g);  // (TMA, TMA_M, TMA_N, m)
+        };
+        auto load_q = [&](int m) {
+          pipeline_q.producer_acquire(write_q);
+          auto* bar = pipeline_q.producer_get_barrier(write_q);
+          if constexpr (kMasked) {
+            if (classes[m] == kTilePartialBits) {
+              // the stage's expected bytes grow before any of its copies is issued, so its
+              // phase cannot complete without the bits
+              cutlass::arch::ClusterTransactionBarrier::expect_transaction(bar, kMaskBitBytes);
+              Tensor gBits = make_tensor(
+                  make_gmem_ptr(params.tile_bits + (first_tile_index(params, n_block, h, bidb) + m) * kMaskBitWords),
+                  Shape<Int<kMaskBitWords>>{});
+              Tensor sBits = make_tensor(make_smem_ptr(st.smem_mask_bits.data() + write_q.index() * kMaskBitWords),
+                                         Shape<Int<kMaskBitWords>>{});
+              copy(bulk_copy.with(*bar), gBits, sBits);
+            }
+          }
+          copy(params.tma_load_Q.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, write_q.index()));
+          if constexpr (kRowStatTma) {
+            copy(params.tma_load_lse.with(*bar, 0), row_stat_boxes(params.tma_load_lse)(_, _, _, m),
+                 row_stat_stage(params.tma_load_lse, st.smem_lse.data() + write_q.index() * kRowStatStageStride));
+          } else {
+            copy(bulk_copy.with(*bar), gLSE(_, m), sLSE(_, write_q.index()));
+          }
+          ++write_q;
+        };
+        auto load_do = [&](int m) {
+          pipeline_do.producer_acquire(write_do);
+          auto* bar = pipeline_do.producer_get_barrier(write_do);
+          copy(params.tma_load_dO.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m),
+               tdOsdO(_, write_do.index()));
+          if constexpr (kRowStatTma) {
+            copy(params.tma_load_dpsum.with(*bar, 0), row_stat_boxes(params.tma_load_dpsum)(_, _, _, m),
+                 row_stat_stage(params.tma_load_dpsum, st.smem_dpsum.data() + write_do.index() * kRowStatStageStride));
+          } else {
+            copy(bulk_copy.with(*bar), gdPsum(_, m), sdPsum(_, write_do.index()));
+          }
+          ++write_do;
+        };
+        load_q(m_first);
+        int m = m_first;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int m_next = following_m_block(params, classes, m, m_min, m_max); m_next >= 0;
+             m = m_next, m_next = following_m_block(params, classes, m, m_min, m_max)) {
+          load_do(m);
+          load_q(m_next);  // one Q ahead of dO: S of the next block starts while dO arrives
+        }
         load_do(m);
-        load_q(m_next);  // one Q ahead of dO: S of the next block starts while dO arrives
       }
-      load_do(m);
     }
   }
 
@@ -604,40 +613,44 @@ struct BwdMainloop {
     int const m_first = first_m_block(params, classes, m_min, m_max);
     if (m_first < 0) { return; }
     Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.smem_dq.data()), SmemLayoutdQ{});
-    Tensor mdQ = params.tma_add_dQ.get_tma_tensor(params.shape_dQacc)(_, _, bidh, bidb);
-    Tensor gdQ = local_tile(mdQ, ShapedQ{}, make_coord(_, _));  // (M, cols, m, slice)
     auto tma = params.tma_add_dQ.get_slice(_0{});
     Tensor tdQsdQ = tma.partition_S(sdQ);  // (TMA, TMA_M, TMA_N)
-    Tensor tdQgdQ = tma.partition_D(gdQ);  // (TMA, TMA_M, TMA_N, m, slice)
     bool const leader = cute::elect_one_sync();
-    // deterministic mode: this head's row of dQ semaphores, one per m-block
     int const m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;  // (m_max may be narrowed)
-    int* sem = params.dq_semaphore == nullptr
-                   ? nullptr
-                   : params.dq_semaphore + (int64_t(bidb) * params.num_heads_q + bidh) * m_blocks;
+    // this CTA's q heads in the producer's order (load)
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int m = m_first; m >= 0; m = following_m_block(params, classes, m, m_min, m_max)) {
-      if (sem != nullptr) {
-        // waits while the MMA warps still compute this m-block's dQ
-        int const turn = dq_turn(params, classes, n_block, m);
-        if (leader) { wait_for_turn(sem + m, turn); }
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int s = 0; s < kdQSlices; ++s) {
-        named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
-        if (leader) {
-          copy(params.tma_add_dQ, tdQsdQ, tdQgdQ(_, _, _, m, s));
-          tma_store_arrive();
-          tma_store_wait<0>();  // smem read back before the MMA warps may overwrite it
+    for (int h = bidh; h < bidh + params.heads_per_cta; ++h) {
+      Tensor mdQ = params.tma_add_dQ.get_tma_tensor(params.shape_dQacc)(_, _, h, bidb);
+      Tensor gdQ = local_tile(mdQ, ShapedQ{}, make_coord(_, _));  // (M, cols, m, slice)
+      Tensor tdQgdQ = tma.partition_D(gdQ);  // (TMA, TMA_M, TMA_N, m, slice)
+      // deterministic mode: this head's row of dQ semaphores, one per m-block
+      int* sem = params.dq_semaphore == nullptr
+                     ? nullptr
+                     : params.dq_semaphore + (int64_t(bidb) * params.num_heads_q + h) * m_blocks;
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int m = m_first; m >= 0; m = following_m_block(params, classes, m, m_min, m_max)) {
+        if (sem != nullptr) {
+          // waits while the MMA warps still compute this m-block's dQ
+          int const turn = dq_turn(params, classes, n_block, m);
+          if (leader) { wait_for_turn(sem + m, turn); }
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < kdQSlices; ++s) {
+          named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
+          if (leader) {
+            copy(params.tma_add_dQ, tdQsdQ, tdQgdQ(_, _, _, m, s));
+            tma_store_arrive();
+            tma_store_wait<0>();  // smem read back before the MMA warps may overwrite it
+          }
+          __syncwarp();
+          named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
+        }
+        if (sem != nullptr && leader) {
+          bulk_wait_all_complete();  // the adds have landed, not only been read from smem
+          pass_turn(sem + m);
         }
         __syncwarp();
-        named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
       }
-      if (sem != nullptr && leader) {
-        bulk_wait_all_complete();  // the adds have landed, not only been read from smem
-        pass_turn(sem + m);
-      }
-      __syncwarp();
     }
   }
 
@@ -1014,40 +1027,46 @@ struct BwdMainloop {
     } else if (is_causal) {
       m_mask_end = cute::min(m_max, (n_block_end - 1 + kBlockM - 1) / kBlockM);
     }
-    if constexpr (kMasked) {
-      // The tile classes' row: its offset in tile_class is an int (computed once, one register;
-      // run() checks the tile grid fits), its address rebuilt from it where used (a 64-bit
-      // value live across the loop cost registers; the full index math per use cost ~25
-      // uniform instructions per step, ncu at d128 2k). Each step's class comes from the same
-      // load as the walk's (one class load per step, after the step: loads moved before the
-      // step's MMAs delayed them, branch class-prefetch).
-      int const row_offset = int(first_tile_index(params, n_block, bidh, bidb));
-      auto classes = [&] { return params.tile_class + launder_int(row_offset); };
-      int tile = classes()[m_first];
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int m_block = m_first; m_block >= 0;
-           m_block = following_m_block(params, classes(), m_block, m_min, m_max, tile)) {
-        if (tile == kTilePartialBits) {
-          bwd_step(m_block, cute::Int<kMaskBits>{});  // (its bits came with its Q stage)
-        } else if (tile == kTilePartial) {
-          bwd_step(m_block, cute::Int<kMaskValues>{});
-        } else {
-          bwd_step(m_block, cute::Int<kMaskNone>{});
+    // The same walk for each of this CTA's q heads (heads_per_cta > 1: a GQA group, dK / dV
+    // summed over it here; the producer and the dQ writer take the heads in the same order).
+    // The heads share the mask, if any (a per-head mask keeps one head per CTA).
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int heads_left = params.heads_per_cta; heads_left > 0; --heads_left) {
+      if constexpr (kMasked) {
+        // The tile classes' row: its offset in tile_class is an int (computed once, one register;
+        // run() checks the tile grid fits), its address rebuilt from it where used (a 64-bit
+        // value live across the loop cost registers; the full index math per use cost ~25
+        // uniform instructions per step, ncu at d128 2k). Each step's class comes from the same
+        // load as the walk's (one class load per step, after the step: loads moved before the
+        // step's MMAs delayed them, branch class-prefetch).
+        int const row_offset = int(first_tile_index(params, n_block, bidh, bidb));
+        auto classes = [&] { return params.tile_class + launder_int(row_offset); };
+        int tile = classes()[m_first];
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int m_block = m_first; m_block >= 0;
+             m_block = following_m_block(params, classes(), m_block, m_min, m_max, tile)) {
+          if (tile == kTilePartialBits) {
+            bwd_step(m_block, cute::Int<kMaskBits>{});  // (its bits came with its Q stage)
+          } else if (tile == kTilePartial) {
+            bwd_step(m_block, cute::Int<kMaskValues>{});
+          } else {
+            bwd_step(m_block, cute::Int<kMaskNone>{});
+          }
         }
-      }
-    } else {
-      // (the same loop as a masked kernel's before the split: the dense kernel keeps its
-      // register allocation; compile-time knowledge of no mask here made ptxas spill more)
-      auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int m_block = m_first; m_block >= 0;
-           m_block = following_m_block(params, classes(), m_block, m_min, m_max)) {
-        unsigned char const* cls = classes();
-        bool const partial = cls != nullptr ? cls[m_block] == kTilePartial : m_block < m_mask_end;
-        if (partial) {
-          bwd_step(m_block, cute::Int<kMaskValues>{});
-        } else {
-          bwd_step(m_block, cute::Int<kMaskNone>{});
+      } else {
+        // (the same loop as a masked kernel's before the split: the dense kernel keeps its
+        // register allocation; compile-time knowledge of no mask here made ptxas spill more)
+        auto classes = [&] { return tile_classes(params, n_block, launder_int(bidh), bidb); };
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int m_block = m_first; m_block >= 0;
+             m_block = following_m_block(params, classes(), m_block, m_min, m_max)) {
+          unsigned char const* cls = classes();
+          bool const partial = cls != nullptr ? cls[m_block] == kTilePartial : m_block < m_mask_end;
+          if (partial) {
+            bwd_step(m_block, cute::Int<kMaskValues>{});
+          } else {
+            bwd_step(m_block, cute::Int<kMaskNone>{});
+          }
         }
       }
     }

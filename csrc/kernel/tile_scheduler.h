@@ -20,7 +20,7 @@ namespace kernel {
 struct SingleTileScheduler {
   struct Params {
     int num_n_blocks;
-    int num_heads;  // q heads
+    int num_heads;  // q heads / heads_per_cta (the CTAs' head groups)
     int num_batch;
     int heads_per_section;  // >= 1
     bool n_block_major;
@@ -31,7 +31,7 @@ struct SingleTileScheduler {
     return dim3(static_cast<unsigned>(int64_t(p.num_n_blocks) * p.num_heads * p.num_batch), 1, 1);
   }
 
-  // (n_block, q head, batch)
+  // (n_block, head group, batch)
   CUTE_DEVICE static cute::tuple<int, int, int> get_block(Params const& p) {
     int const bid = static_cast<int>(blockIdx.x);
     int const total_heads = p.num_heads * p.num_batch;
