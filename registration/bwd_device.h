@@ -125,10 +125,11 @@ struct BwdPointers {
 };
 
 // The q heads one main-kernel CTA walks (BwdParams::heads_per_cta): the GQA group Hq / Hkv
-// for a GQA problem in the default mode without a mask or with one shared by the heads, whose
-// kv heads' key blocks make at least kMinGroupWalkCtas CTAs (a CTA then does a group's work:
-// with fewer the last wave would leave SMs idle); else 1. TORCH_SM90_SDPA_GQA_WALK=0 in the
-// environment (read per call) keeps 1, =1 takes the group whatever the CTA count.
+// for a GQA problem in the default mode without a mask, whose kv heads' key blocks make at
+// least kMinGroupWalkCtas CTAs (a CTA then does a group's work: with fewer the last wave would
+// leave SMs idle); else 1. TORCH_SM90_SDPA_GQA_WALK=0 in the environment (read per call) keeps
+// 1, =1 takes the group whatever the CTA count, and also under a mask shared by the heads
+// (masked calls do not walk by default: their walk measured inconsistently).
 constexpr int64_t kMinGroupWalkCtas = 512;  // about four waves on 132 SMs
 int gqa_heads_per_cta(const BwdProblem& problem);
 

@@ -311,8 +311,9 @@ def test_workspace_layout_mha_has_no_kv_accumulators():
 def test_gqa_group_walk_decision(monkeypatch):
     """GQA in the default mode: one CTA walks its kv head's whole group of q heads
     (heads_per_cta; it stores dK / dV itself, so no fp32 accumulators are laid out) once the kv
-    heads' key blocks make at least 512 CTAs (kMinGroupWalkCtas), unless deterministic or masked
-    per head. TORCH_SM90_SDPA_GQA_WALK=0 switches it off, =1 on whatever the CTA count."""
+    heads' key blocks make at least 512 CTAs (kMinGroupWalkCtas), unless deterministic or
+    masked. TORCH_SM90_SDPA_GQA_WALK=0 switches it off, =1 on whatever the CTA count, and under
+    a mask shared by the heads (a per-head mask never walks)."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
     d = 128  # (the decision reads the generated tile table, built variant or not)
@@ -336,11 +337,13 @@ def test_gqa_group_walk_decision(monkeypatch):
     assert layout(8, 8, sk).heads_per_cta == 1  # MHA
     shared = torch.zeros(1, 1, 1, sk, dtype=torch.bool)
     per_head = torch.zeros(1, 32, 1, sk, dtype=torch.bool)
-    assert layout(32, 8, sk, mask=shared).heads_per_cta == 4
+    assert layout(32, 8, sk, mask=shared).heads_per_cta == 1  # masked: only when forced
     assert layout(32, 8, sk, mask=per_head).heads_per_cta == 1
     monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", "0")
     assert layout(32, 8, sk).heads_per_cta == 1
     monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", "1")
+    assert layout(32, 8, sk, mask=shared).heads_per_cta == 4
+    assert layout(32, 8, sk, mask=per_head).heads_per_cta == 1
     assert layout(4, 2, 100).heads_per_cta == 2
     assert layout(4, 2, 100, deterministic=True).heads_per_cta == 1
     # make_params passes it on, with the accumulators null
