@@ -10,8 +10,10 @@
 # "128 or full_tile"; 330 s) and causal d128 calls on that tile (patches/causal80.patch,
 # causal80.sh; 242 s; landed as 7a189fa), and two P / dS buffers at d256
 # (patches/d256-ds2.patch, d256_ds2_quick.sh, "256 and causal"; 331 s; no gain, not landed).
-# Prepared (fifteenth session, not run): patches/gqa-walk.patch with gqa_walk.sh,
-# "gqa or walk or mqa" (branch gqa-walk: one CTA per kv head's key block walks the group).
+# Sixteenth session: patches/gqa-walk.patch with gqa_walk.sh, "gqa or walk or mqa" (branch
+# gqa-walk: one CTA per kv head's key block walks the group; 340 s), then
+# patches/gqa-walk-exp.patch (a section-size switch) with gqa_walk_sections.sh through
+# tools/ab_session.sh directly, one round (266 s); landed as 9e68b21 with 128-CTA sections.
 set -u
 OUTD=${1:?usage: $0 OUTDIR PATCH ROUND_SCRIPT PYTEST_K}
 PATCH=${2:?patch}

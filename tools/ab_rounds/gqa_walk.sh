@@ -1,5 +1,5 @@
-# A/B round prepared in the fifteenth session (not run yet), with TORCH_SM90_SDPA_HEAD_DIMS=128
-# (bf16). Trees (tools/ab_rounds/ab_call.sh):
+# A/B round prepared in the fifteenth session (run in the sixteenth: BENCHMARKS.md), with
+# TORCH_SM90_SDPA_HEAD_DIMS=128 (bf16). Trees (tools/ab_rounds/ab_call.sh):
 #   a = main (GQA: one q head per CTA, dK / dV reduce-added into fp32 accumulators);
 #   b = patches/gqa-walk.patch: a CTA walks its kv head's whole group of q heads (512 CTAs and
 #       more by default; BwdParams::heads_per_cta), dK / dV stored directly.
