@@ -14,7 +14,12 @@ Per row: TFLOP/s of every backend, ours over each stock backend and over the bes
 the geometric means of those ratios.
 
     python benchmarks/bench_bwd.py [--quick] [--dims 64,128,256] [--seqs 512,...] [--reps 10]
-                                   [--extra] [--no-gqa] [--json OUT]
+                                   [--extra] [--no-gqa] [--fa4] [--json OUT]
+
+--fa4 adds FlashAttention-4's SM90 backward (the flash-attn-4 package, flash_attn.cute, CuTe
+DSL; tools/fetch_fa4.sh makes its wheels portable to the GPU machine) as a peer column: timed
+interleaved with the others, with its own ratio column and geometric mean, but not counted
+among the stock backends (the "best" column and the speed gate compare with stock only).
 
 --json writes the rows (TFLOP/s per backend) in the format tools/speed_table.py reads to
 regenerate the speed gate's table (torch_sm90_sdpa/speed_table.py).
@@ -82,6 +87,21 @@ def backend_ours(q, k, v, dout, causal, scale):
     return run
 
 
+def backend_fa4(q, k, v, dout, causal, scale):
+    """FlashAttention-4's backward, called as its autograd function calls it
+    (flash_attn.cute.interface._flash_attn_bwd, which picks its SM90 tile itself), on the
+    (B, S, H, D) memory make() lays out; its own forward gives out and lse."""
+    from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+
+    qb, kb, vb, dob = (t.transpose(1, 2) for t in (q, k, v, dout))  # contiguous (B, S, H, D)
+    res = _flash_attn_fwd(qb, kb, vb, softmax_scale=scale, causal=causal, return_lse=True)
+    o, lse = res[0], res[1]
+
+    def run():
+        return _flash_attn_bwd(qb, kb, vb, o, dob, lse, softmax_scale=scale, causal=causal)
+    return run
+
+
 def backend_autograd(which):
     """Fallback when an aten backward op cannot be called from Python (schema differences between
     torch versions): time torch.autograd.grad of the stock SDPA output under one backend."""
@@ -103,6 +123,7 @@ def backend_autograd(which):
 
 BACKENDS = {"ours": backend_ours, "cudnn": backend_cudnn, "flash": backend_flash, "efficient": backend_efficient}
 STOCK = ("cudnn", "flash", "efficient")
+PEERS = {"fa4": backend_fa4}  # other implementations, measured beside on request (--fa4)
 
 
 def time_interleaved(fns, reps, warmup=2):
@@ -125,11 +146,12 @@ def time_interleaved(fns, reps, warmup=2):
 ROWS = []  # every measured row, for --json
 
 
-def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check):
+def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check, backends=None):
+    backends = BACKENDS if backends is None else backends
     q, k, v, dout = make(b, hq, hkv, s, d, dtype)
     scale = 1.0 / math.sqrt(d)
     fns, notes = {}, []
-    for name, make_fn in BACKENDS.items():
+    for name, make_fn in backends.items():
         try:
             fn = make_fn(q, k, v, dout, causal, scale)
             fn()
@@ -155,8 +177,9 @@ def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check):
     flops = 2.5 * 4 * b * hq * s * s * d / (2 if causal else 1)
     tf = {n: flops / (t * 1e-3) / 1e12 for n, t in ms.items()}
     ratios = ours_over_stock(tf)
-    cells = "  ".join(f"{tf[n]:6.0f}" if n in tf else f"{'-':>6}" for n in BACKENDS)
-    rcells = "  ".join(f"{ratios[n]:5.2f}" if n in ratios else f"{'-':>5}" for n in RATIO_KEYS)
+    cells = "  ".join(f"{tf[n]:6.0f}" if n in tf else f"{'-':>6}" for n in backends)
+    rcells = "  ".join(f"{ratios[n]:5.2f}" if n in ratios else f"{'-':>5}"
+                       for n in ratio_keys(backends))
     print(f"{label:40s} {cells}   {rcells}  {'; '.join(notes)}", flush=True)
     ROWS.append(dict(head_dim=d, causal=causal, seqlen=s, batch=b, heads=hq, kv_heads=hkv,
                      masked=False, dtype=DTYPE_NAMES[dtype], tflops=tf))
@@ -165,18 +188,25 @@ def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check):
     return ratios
 
 
-RATIO_KEYS = ("best",) + STOCK  # the ratio columns: ours over the best stock, then over each
+RATIO_KEYS = ("best",) + STOCK + tuple(PEERS)  # ours over the best stock, over each stock
+# backend, over each peer
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
+def ratio_keys(backends):
+    """The ratio columns of a run with these backends (peers only when measured)."""
+    return tuple(k for k in RATIO_KEYS if k not in PEERS or k in backends)
+
+
 def ours_over_stock(tf):
-    """{"best" and each stock backend measured: ours' TFLOP/s over theirs} of one row's TFLOP/s
-    per backend; empty without ours."""
+    """{"best" (over the stock backends only) and each stock backend and peer measured: ours'
+    TFLOP/s over theirs} of one row's TFLOP/s per backend; empty without ours."""
     if not tf.get("ours", 0) > 0:
         return {}
-    r = {n: tf["ours"] / tf[n] for n in STOCK if tf.get(n, 0) > 0}
-    if r:
-        r["best"] = tf["ours"] / max(tf[n] for n in STOCK if tf.get(n, 0) > 0)
+    r = {n: tf["ours"] / tf[n] for n in STOCK + tuple(PEERS) if tf.get(n, 0) > 0}
+    stock = [tf[n] for n in STOCK if tf.get(n, 0) > 0]
+    if stock:
+        r["best"] = tf["ours"] / max(stock)
     return r
 
 
@@ -249,6 +279,8 @@ def main():
     ap.add_argument("--extra", action="store_true",
                     help="also GQA 32/4 and 32/1, d96 / d192, fp16 and odd-length rows (extra_rows)")
     ap.add_argument("--json", help="write the rows here (input of tools/speed_table.py)")
+    ap.add_argument("--fa4", action="store_true",
+                    help="also FlashAttention-4's backward (flash_attn.cute), as a peer column")
     a = ap.parse_args()
     g = grid(a)
     if g is None:
@@ -260,9 +292,17 @@ def main():
         rows.append(("GQA d=128 causal s=8192 32q/8kv b=2", 2, 32, 8, 8192, 128, True, bf16))
     if a.extra:
         rows += extra_rows(a.quick, gqa=not a.no_gqa)
-    print(f"{'row':40s} " + "  ".join(f"{n:>6s}" for n in BACKENDS) + "   "
-          + "  ".join(f"{'/' + n[:4]:>5s}" for n in RATIO_KEYS) + "  (ours over)")
-    ratios = [run_row(label, b, hq, hkv, s, d, causal, dtype, reps, a.check)
+    backends = dict(BACKENDS)
+    if a.fa4:
+        try:
+            import flash_attn.cute.interface  # noqa: F401
+        except ImportError as exc:
+            print(f"--fa4: flash_attn.cute does not import ({exc}); install flash-attn-4")
+            return 1
+        backends.update(PEERS)
+    print(f"{'row':40s} " + "  ".join(f"{n:>6s}" for n in backends) + "   "
+          + "  ".join(f"{'/' + n[:4]:>5s}" for n in ratio_keys(backends)) + "  (ours over)")
+    ratios = [run_row(label, b, hq, hkv, s, d, causal, dtype, reps, a.check, backends)
               for label, b, hq, hkv, s, d, causal, dtype in rows]
     for key, (g_mean, n) in geomeans(ratios).items():
         print(f"geometric mean of ours / {'best stock' if key == 'best' else key}: {g_mean:.3f} over {n} rows")

@@ -51,6 +51,16 @@ def test_ratios_and_geometric_means():
     assert "efficient" not in g
 
 
+def test_fa4_is_a_peer_not_a_stock_backend():
+    """--fa4's column gets its own ratio, but "best" (and the speed gate) compare with stock."""
+    r = bench_bwd.ours_over_stock({"ours": 300.0, "cudnn": 400.0, "fa4": 600.0})
+    assert r == {"cudnn": 0.75, "fa4": 0.5, "best": 0.75}
+    assert bench_bwd.ours_over_stock({"ours": 300.0, "fa4": 600.0}) == {"fa4": 0.5}
+    assert bench_bwd.geomeans([r])["fa4"] == (0.5, 1)
+    assert "fa4" not in bench_bwd.ratio_keys(bench_bwd.BACKENDS)
+    assert bench_bwd.ratio_keys({**bench_bwd.BACKENDS, **bench_bwd.PEERS})[-1] == "fa4"
+
+
 def test_speed_table_takes_only_bf16_rows_of_bench_bwd():
     row = dict(head_dim=128, causal=True, seqlen=2048, batch=8, heads=16, kv_heads=16,
                masked=False, tflops={"ours": 400.0, "cudnn": 380.0})

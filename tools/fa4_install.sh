@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On the GPU machine (the second call of tools/fetch_fa4.sh's two): join build/fa4/part1 (left by
+# the call before, on this same machine) and build/fa4/part2, check the archive, and install its
+# wheels offline into build/fa4_deps (put it on PYTHONPATH for bench_bwd.py --fa4).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! ls build/fa4/part1/wheels.tar.part00 > /dev/null 2>&1; then
+  echo "tools/fa4_install.sh: build/fa4/part1 is not here (a fresh machine: carry it again, then call 2 at once)" >&2
+  exit 3
+fi
+tmp=$(mktemp -d)
+cat build/fa4/part1/wheels.tar.part00 build/fa4/part2/wheels.tar.part* > "$tmp/wheels.tar"
+echo "$(cat build/fa4/part2/wheels.tar.sha256)  $tmp/wheels.tar" | sha256sum -c --quiet
+tar xf "$tmp/wheels.tar" -C "$tmp"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target build/fa4_deps "$tmp"/*.whl
+rm -rf "$tmp"
+PYTHONPATH=$PWD/build/fa4_deps${PYTHONPATH:+:$PYTHONPATH} python3 -c \
+  "import flash_attn.cute.interface as i; print('flash_attn.cute imports:', i.__file__)"
