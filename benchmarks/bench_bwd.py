@@ -19,7 +19,9 @@ the geometric means of those ratios.
 --fa4 adds FlashAttention-4's SM90 backward (the flash-attn-4 package, flash_attn.cute, CuTe
 DSL; tools/fetch_fa4.sh makes its wheels portable to the GPU machine) as a peer column: timed
 interleaved with the others, with its own ratio column and geometric mean, but not counted
-among the stock backends (the "best" column and the speed gate compare with stock only).
+among the stock backends (the "best" column and the speed gate compare with stock only). FA4
+compiles each new kernel configuration on its first call (outside the timing), so a whole grid
+with --fa4 takes longer than the device call's 10 minutes may allow: pick --dims / --seqs.
 
 --json writes the rows (TFLOP/s per backend) in the format tools/speed_table.py reads to
 regenerate the speed gate's table (torch_sm90_sdpa/speed_table.py).
