@@ -4,8 +4,9 @@
 # bf16), runs ROUND_SCRIPT in each, alternating, two rounds; then in tree b the tests of
 # tests/test_cuda_backward.py selected by PYTEST_K, and compute-sanitizer memcheck on
 # tools/sanitize_case.py beside them. At most 8 files come back; OUTDIR gets ab_summary.txt,
-# a.txt / b.txt (the rounds), tests_b.txt, memcheck_b.txt.
-#   bash tools/ab_rounds/ab_call.sh OUTDIR PATCH ROUND_SCRIPT PYTEST_K     (carry .whl)
+# a.txt / b.txt (the rounds; c.txt ... with PATCH a comma-separated list, one side each),
+# tests_b.txt, memcheck_b.txt (tests and memcheck in tree b only).
+#   bash tools/ab_rounds/ab_call.sh OUTDIR PATCH[,PATCH...] ROUND_SCRIPT PYTEST_K     (carry .whl)
 # Runs: the d128 full tile (patch: `git diff 6e4f144 6787db2`, which landed; tile80.sh,
 # "128 or full_tile"; 330 s) and causal d128 calls on that tile (patches/causal80.patch,
 # causal80.sh; 242 s; landed as 7a189fa), and two P / dS buffers at d256
@@ -14,6 +15,9 @@
 # gqa-walk: one CTA per kv head's key block walks the group; 340 s), then
 # patches/gqa-walk-exp.patch (a section-size switch) with gqa_walk_sections.sh through
 # tools/ab_session.sh directly, one round (266 s); landed as 9e68b21 with 128-CTA sections.
+# Prepared (sixteenth session, not run): d256 dQ by atomics, two trees b / c
+# (patches/d256-dq-atomic.patch, d256-dq-atomic-1do.patch), d256_dq_atomic.sh, "256 or
+# full_tile", TORCH_SM90_SDPA_HEAD_DIMS=256.
 set -u
 OUTD=${1:?usage: $0 OUTDIR PATCH ROUND_SCRIPT PYTEST_K}
 PATCH=${2:?patch}
@@ -23,9 +27,10 @@ export PYTHONUNBUFFERED=1 TORCH_SM90_SDPA_HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:
 AB=/tmp/ab
 TESTS="tests/test_build.py -k build_info" tools/ab_session.sh "$AB" "$PATCH" 2 -- bash "$ROUND" \
   > "$OUTD/ab_summary.txt" 2>&1
-for s in a b; do
+for f in "$AB"/[a-g].txt; do  # every side's rounds (a, b and, with several patches, c, ...)
+  s=$(basename "$f" .txt)
   tail -n 25 "$AB/${s}_check.log" >> "$OUTD/ab_summary.txt"
-  cp "$AB/$s.txt" "$OUTD/" 2>/dev/null
+  cp "$f" "$OUTD/" 2>/dev/null
 done
 tree=${AB_TREE_PREFIX:-/tmp/torch_sm90_sdpa_ab_}b
 cd "$tree" || exit 1
