@@ -41,4 +41,4 @@ timeout 150 python3 -m pytest -n 6 -q -p no:cacheprovider ${AB_TEST_FILES:-tests
   -k "$PYTEST_K" > "$OUTD/tests_b.txt" 2>&1
 wait
 echo "tests in b: $(tail -n 1 "$OUTD/tests_b.txt")"
-echo "memcheck in b: $(grep 'ERROR SUMMARY' "$OUTD/memcheck_b.txt" | tail -n 1)"
+echo "memcheck in b: $(grep 'ERROR SUMMARY' "$OUTD/memcheck_b.txt" | tail -n 1); $(grep '^sanitize_case:' "$OUTD/memcheck_b.txt")"
