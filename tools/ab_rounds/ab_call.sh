@@ -7,6 +7,7 @@
 # a.txt / b.txt (the rounds; c.txt ... with PATCH a comma-separated list, one side each),
 # tests_b.txt, memcheck_b.txt (tests and memcheck in tree b only).
 #   bash tools/ab_rounds/ab_call.sh OUTDIR PATCH[,PATCH...] ROUND_SCRIPT PYTEST_K     (carry .whl)
+# AB_ROUNDS: rounds (default 2).
 # Runs: the d128 full tile (patch: `git diff 6e4f144 6787db2`, which landed; tile80.sh,
 # "128 or full_tile"; 330 s) and causal d128 calls on that tile (patches/causal80.patch,
 # causal80.sh; 242 s; landed as 7a189fa), and two P / dS buffers at d256
@@ -25,7 +26,7 @@ ROUND=${3:?round script}
 PYTEST_K=${4:?pytest -k expression}
 export PYTHONUNBUFFERED=1 TORCH_SM90_SDPA_HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:-128}
 AB=/tmp/ab
-TESTS="tests/test_build.py -k build_info" tools/ab_session.sh "$AB" "$PATCH" 2 -- bash "$ROUND" \
+TESTS="tests/test_build.py -k build_info" tools/ab_session.sh "$AB" "$PATCH" "${AB_ROUNDS:-2}" -- bash "$ROUND" \
   > "$OUTD/ab_summary.txt" 2>&1
 for f in "$AB"/[a-g].txt; do  # every side's rounds (a, b and, with several patches, c, ...)
   s=$(basename "$f" .txt)
