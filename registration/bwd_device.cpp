@@ -293,17 +293,16 @@ int gqa_heads_per_cta(const BwdProblem& p) {
       p.heads_q % p.heads_kv != 0 || p.deterministic) {
     return 1;
   }
-  // a per-head mask gives the group's heads different walks
-  if (p.mask_kind != 0 && mask_instances_heads(p) != 1) return 1;
   const int bn = tile_block_n(p.head_dim);
   if (bn <= 0) return 1;
   const char* env = std::getenv("TORCH_SM90_SDPA_GQA_WALK");
   const std::string mode = env != nullptr ? env : "";
   if (mode == "0") return 1;
-  // Masked calls walk only when forced: the masked kernel's walk measured both faster and
-  // slower (H200, d128 s8192 causal bias, main kernel: GQA 16 / 8 2.455 -> 2.273 ms, GQA 32 / 8
-  // 4.61-4.76 -> 4.58 in one call, 5.03 in another)
-  if (p.mask_kind != 0 && mode != "1") return 1;
+  // Masked calls walk only when forced, and only under a mask shared by the heads (a per-head
+  // mask gives the group's heads different walks). The masked kernel's walk measured both
+  // faster and slower (H200, d128 s8192 causal bias, main kernel: GQA 16 / 8 2.455 -> 2.273 ms,
+  // GQA 32 / 8 4.61-4.76 -> 4.58 in one call, 5.03 in another).
+  if (p.mask_kind != 0 && (mode != "1" || mask_instances_heads(p) != 1)) return 1;
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * ((p.seqlen_k + bn - 1) / bn);
   return (mode == "1" || ctas >= kMinGroupWalkCtas) ? p.heads_q / p.heads_kv : 1;
 }
