@@ -12,10 +12,11 @@
 # "128 or full_tile"; 330 s) and causal d128 calls on that tile (patches/causal80.patch,
 # causal80.sh; 242 s; landed as 7a189fa), and two P / dS buffers at d256
 # (patches/d256-ds2.patch, d256_ds2_quick.sh, "256 and causal"; 331 s; no gain, not landed).
-# Sixteenth session: patches/gqa-walk.patch with gqa_walk.sh, "gqa or walk or mqa" (branch
-# gqa-walk: one CTA per kv head's key block walks the group; 340 s), then
-# patches/gqa-walk-exp.patch (a section-size switch) with gqa_walk_sections.sh through
-# tools/ab_session.sh directly, one round (266 s); landed as 9e68b21 with 128-CTA sections.
+# Sixteenth session: the gqa-walk branch as a patch with gqa_walk.sh, "gqa or walk or mqa" (one
+# CTA per kv head's key block walks the group; 340 s), then that branch plus a section-size
+# switch with gqa_walk_sections.sh through tools/ab_session.sh directly, one round (266 s);
+# landed as 9e68b21 with 128-CTA sections (the two patch files, copies of that code, were
+# removed; the switch alone is patches/section-groups.patch, against main).
 # Prepared (sixteenth session, not run): d256 dQ by atomics, two trees b / c
 # (patches/d256-dq-atomic.patch, d256-dq-atomic-1do.patch), d256_dq_atomic.sh, "256 or
 # full_tile", TORCH_SM90_SDPA_HEAD_DIMS=256.
