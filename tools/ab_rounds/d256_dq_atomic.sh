@@ -1,4 +1,5 @@
-# A/B round prepared in the sixteenth session (not run yet), with TORCH_SM90_SDPA_HEAD_DIMS=256
+# A/B round prepared in the sixteenth session, run in the seventeenth (BENCHMARKS.md: "d256 dQ by
+# atomics": every atomics side 21-23% slower; not merged), with TORCH_SM90_SDPA_HEAD_DIMS=256
 # (bf16). Trees (tools/ab_session.sh, one patch per side):
 #   a = main (d256: dQ through the staging tile and the dQ-writer warp's TMA reduce-add);
 #   b = patches/d256-dq-atomic.patch: calls without mask that are not deterministic run a third

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The d256 dQ-atomics A/B in one device call (prepared in the sixteenth session, not run):
+# The d256 dQ-atomics A/B in one device call (sixteenth session; run in the seventeenth: the
+# atomics sides were 21-23% slower, BENCHMARKS.md "d256 dQ by atomics"):
 # tree a = main; b = patches/d256-dq-atomic.patch (atomics, two dO stages); c and d are made
 # here from b's patch by changing its one TILES_FULL[256] line: c = one dO stage, d = FA3's
 # 64 x 80 tile with one dO stage (ptxas, locally: b and c 0 spill, d 404 B). One round of
