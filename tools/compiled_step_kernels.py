@@ -5,13 +5,15 @@ of 128, 8 kv heads, causal, b2 s8192, bf16 autocast) compiled twice: stock, and 
 ``enable(only_faster=...)``. Profiled forward + backward steps of each (after three warm-up
 steps, benchmarks/profile_bwd.py's kernel_ms), then per model the kernels by summed GPU time,
 and the kernels whose time differs most between the two. Attention's share shows where the compiled path loses against bench_bwd's op-level figure.
+Then (--wall-rounds, default 3) both models' steps timed with CUDA events, interleaved, as the
+demo times them: the step ratio beside the kernel sums.
 --isolated: then the same shapes' attention backward alone, back to back (ours through the op,
 cuDNN's through F.scaled_dot_product_attention's autograd), with the same kernel table: whether
 a kernel is slower inside the model than on its own. --clocks: the median SM clock and power
 (nvidia-smi, sampled every 20 ms) during each of those phases.
 
     python tools/compiled_step_kernels.py [--layers 8] [--seq-len 8192] [--all-calls]
-        [--isolated] [--clocks]
+        [--isolated] [--clocks] [--wall-rounds 3] [--wall-iters 10]
 """
 import argparse
 import contextlib
@@ -58,6 +60,21 @@ def clocks(name, enabled):
             print(f"clocks during {name}: no samples")
 
 
+def step_wall_ms(fn, iters):
+    """Median ms per call, each call between two CUDA events (as the demo times steps)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=8)
@@ -73,6 +90,9 @@ def main():
     ap.add_argument("--isolated", action="store_true",
                     help="also the attention backward of the same shapes alone, back to back")
     ap.add_argument("--clocks", action="store_true", help="SM clock and power per phase")
+    ap.add_argument("--wall-rounds", type=int, default=3,
+                    help="event-timed steps of both models, interleaved rounds (0: none)")
+    ap.add_argument("--wall-iters", type=int, default=10, help="steps per round")
     a = ap.parse_args()
     torch.manual_seed(0)
     base = TinyTransformer(vocab=256, dim=a.dim, heads=a.heads, kv_heads=a.kv_heads,
@@ -92,6 +112,23 @@ def main():
     with clocks("the stock model's steps", a.clocks):
         times["stock"] = kernel_ms(lambda: step(stock, tokens), a.reps, launches=True)
     times = {"stock": times["stock"], "routed": times["routed"]}
+    if a.wall_rounds:  # the demo's measure: event-timed steps, the two models interleaved
+        walls = {"stock": [], "routed": []}
+        models = {"stock": stock, "routed": routed}
+        # (routed recompiles here after the reset above: under enable(), so it routes again;
+        # stock runs outside it, so a recompile of stock would stay stock)
+        for _ in range(a.wall_rounds):
+            for name, m in models.items():
+                ctx = (routing.enable(only_faster=not a.all_calls) if name == "routed"
+                       else contextlib.nullcontext())
+                with ctx:
+                    walls[name].append(step_wall_ms(lambda m=m: step(m, tokens), a.wall_iters))
+        med = {k: statistics.median(v) for k, v in walls.items()}
+        print(f"\nstep wall, CUDA events, median of {a.wall_rounds} interleaved rounds of "
+              f"{a.wall_iters}: stock {med['stock']:.3f} ms, routed {med['routed']:.3f} ms, "
+              f"ratio {med['stock'] / med['routed']:.3f}x (rounds: stock "
+              + " ".join(f"{x:.3f}" for x in walls["stock"]) + "; routed "
+              + " ".join(f"{x:.3f}" for x in walls["routed"]) + ")")
     if a.isolated:  # the model's attention shapes: q [B, H, S, D] and k / v [B, Hkv, S, D], BSHD
         d = a.dim // a.heads
         q, dout = (torch.randn(a.batch, a.seq_len, a.heads, d, device="cuda",
