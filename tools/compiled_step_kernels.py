@@ -6,16 +6,18 @@ of 128, 8 kv heads, causal, b2 s8192, bf16 autocast) compiled twice: stock, and 
 steps, benchmarks/profile_bwd.py's kernel_ms), then per model the kernels by summed GPU time,
 and the kernels whose time differs most between the two. Attention's share shows where the compiled path loses against bench_bwd's op-level figure.
 Then (--wall-rounds, default 3) both models' steps timed with CUDA events, interleaved, as the
-demo times them: the step ratio beside the kernel sums.
+demo times them: the step ratio beside the kernel sums; --idle: then where each model's GPU
+idles in a step (gaps between GPU activities) and the host's CUDA runtime calls.
 --isolated: then the same shapes' attention backward alone, back to back (ours through the op,
 cuDNN's through F.scaled_dot_product_attention's autograd), with the same kernel table: whether
 a kernel is slower inside the model than on its own. --clocks: the median SM clock and power
 (nvidia-smi, sampled every 20 ms) during each of those phases.
 
     python tools/compiled_step_kernels.py [--layers 8] [--seq-len 8192] [--all-calls]
-        [--isolated] [--clocks] [--wall-rounds 3] [--wall-iters 10]
+        [--isolated] [--clocks] [--wall-rounds 3] [--wall-iters 10] [--idle]
 """
 import argparse
+import collections
 import contextlib
 import copy
 import os
@@ -60,6 +62,39 @@ def clocks(name, enabled):
             print(f"clocks during {name}: no samples")
 
 
+def idle_report(name, fn, reps, top):
+    """Where the GPU idles in `fn`'s steps: the gaps between consecutive GPU activities (kernels,
+    copies, memsets: the profiler's CUDA events), their sum per step, the largest with the
+    activities around them, and the CUDA runtime calls of the host by count and host time (a
+    synchronizing call or a cudaFree shows there)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        for _ in range(reps):
+            fn()
+            torch.cuda.synchronize()  # gaps across the step boundary are not the step's
+    gpu = sorted((e.time_range.start, e.time_range.end, e.name) for e in p.events()
+                 if e.device_type == torch.autograd.DeviceType.CUDA)
+    gaps = []
+    for (s0, e0, n0), (s1, _, n1) in zip(gpu, gpu[1:]):
+        if s1 - e0 < 200_000:  # us; the longer ones are the synchronize between steps
+            gaps.append((max(0, s1 - e0), n0, n1))
+    total = sum(g for g, _, _ in gaps) / 1e3 / reps
+    busy = sum(e - s for s, e, _ in gpu) / 1e3 / reps
+    print(f"\n{name}: GPU busy {busy:.3f} ms, idle between activities {total:.3f} ms per step "
+          f"({len(gaps) // reps} gaps); the largest:")
+    for g, n0, n1 in sorted(gaps, reverse=True)[:top]:
+        print(f"  {g / 1e3:7.3f} ms  after {n0[:60]}  before {n1[:60]}")
+    api = collections.defaultdict(lambda: [0, 0.0])
+    for e in p.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA and e.name.startswith("cuda"):
+            api[e.name][0] += 1
+            api[e.name][1] += (e.time_range.end - e.time_range.start) / 1e3
+    print(f"  CUDA runtime calls per step (count, host ms):")
+    for k, (n, ms) in sorted(api.items(), key=lambda kv: -kv[1][1]):
+        print(f"    {n / reps:7.1f} x {ms / reps:7.3f} ms  {k}")
+
+
 def step_wall_ms(fn, iters):
     """Median ms per call, each call between two CUDA events (as the demo times steps)."""
     fn()
@@ -93,6 +128,8 @@ def main():
     ap.add_argument("--wall-rounds", type=int, default=3,
                     help="event-timed steps of both models, interleaved rounds (0: none)")
     ap.add_argument("--wall-iters", type=int, default=10, help="steps per round")
+    ap.add_argument("--idle", action="store_true",
+                    help="with --wall-rounds: where each model's GPU idles, and its CUDA runtime calls")
     a = ap.parse_args()
     torch.manual_seed(0)
     base = TinyTransformer(vocab=256, dim=a.dim, heads=a.heads, kv_heads=a.kv_heads,
@@ -123,6 +160,12 @@ def main():
                        else contextlib.nullcontext())
                 with ctx:
                     walls[name].append(step_wall_ms(lambda m=m: step(m, tokens), a.wall_iters))
+        if a.idle:
+            for name, m in models.items():
+                ctx = (routing.enable(only_faster=not a.all_calls) if name == "routed"
+                       else contextlib.nullcontext())
+                with ctx:
+                    idle_report(name, lambda m=m: step(m, tokens), 2, a.top)
         med = {k: statistics.median(v) for k, v in walls.items()}
         print(f"\nstep wall, CUDA events, median of {a.wall_rounds} interleaved rounds of "
               f"{a.wall_iters}: stock {med['stock']:.3f} ms, routed {med['routed']:.3f} ms, "
