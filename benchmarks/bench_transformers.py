@@ -55,10 +55,9 @@ def compiled_loss(variant: str, fn=_loss):
     """torch.compile of a loss function (`fn`) with a code object of its own per variant:
     Dynamo caches compiled graphs per code object, and both variants' models share
     LlamaForCausalLM.forward's (the second compile would reuse the first graph)."""
-    import types
+    from torch_sm90_sdpa.testing import with_own_code
 
-    code = fn.__code__.replace(co_name=f"{fn.__name__}_{variant}")
-    return torch.compile(types.FunctionType(code, fn.__globals__, code.co_name))
+    return torch.compile(with_own_code(fn, variant))
 
 
 def sgd_step(model, loss_of):

@@ -30,7 +30,8 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import torch_sm90_sdpa
 from torch_sm90_sdpa import _extension, compile_pass, policy, routing, speed_table
-from torch_sm90_sdpa.testing import AttentionOpRecorder, Block, TinyTransformer, lm_loss
+from torch_sm90_sdpa.testing import (AttentionOpRecorder, Block, TinyTransformer, compile_own_graphs,
+                                     lm_loss)
 
 aten = torch.ops.aten
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -148,6 +149,37 @@ torch_sm90_sdpa::sdpa_backward x3""")
         self.assertEqual(stats["routed_nodes"], {"cpu_flash": 3})
         self.assertEqual(stats["not_routed"], {})
         self.assertEqual(self.fx_cache(), (2, 0, 0))
+
+    def test_two_compiles_of_one_class_share_graphs_unless_compiled_apart(self):
+        """Dynamo's in-memory graphs are per code object: a copy of a model compiled after
+        disable() runs the routed graph of the copy compiled under enable() (what ROUTING.md
+        warns of; the demo's stock model did so). compile_own_graphs keeps them apart, in
+        either order of calls."""
+        import copy
+        torch.manual_seed(0)
+        base = TinyTransformer(vocab=64, dim=32, heads=4, kv_heads=2, layers=1)
+        tokens = torch.randint(0, 64, (2, 16))
+
+        def ops_of(model):  # a first step compiles (and traces ops); the second is profiled
+            lm_loss(model(tokens), tokens).backward()
+            return ran_attention_ops(lambda: lm_loss(model(tokens), tokens).backward())
+
+        routed_ops = "aten::_scaled_dot_product_flash_attention_for_cpu x1\ntorch_sm90_sdpa::sdpa_backward x1"
+        stock_ops = ("aten::_scaled_dot_product_flash_attention_for_cpu x1\n"
+                     "aten::_scaled_dot_product_flash_attention_for_cpu_backward x1")
+        with routing.enable(cpu=True, only_faster=False):
+            shared_routed = torch.compile(copy.deepcopy(base))
+            self.assertEqual(ops_of(shared_routed), routed_ops)
+        self.assertEqual(ops_of(torch.compile(copy.deepcopy(base))), routed_ops)  # the trap
+
+        torch._dynamo.reset()
+        with routing.enable(cpu=True, only_faster=False):
+            routed = compile_own_graphs(copy.deepcopy(base), "routed")
+            self.assertEqual(ops_of(routed), routed_ops)
+        stock = compile_own_graphs(copy.deepcopy(base), "stock")
+        self.assertEqual(ops_of(stock), stock_ops)
+        self.assertEqual(ops_of(routed), routed_ops)
+        self.assertEqual(ops_of(stock), stock_ops)
 
     def test_masked_calls_are_routed_with_their_mask(self):
         """A padding + causal bool mask (SDPA's CPU kernel gets it as a float bias), an additive

@@ -28,7 +28,7 @@ import sys
 import torch
 
 from torch_sm90_sdpa import routing
-from torch_sm90_sdpa.testing import TinyTransformer, lm_loss
+from torch_sm90_sdpa.testing import TinyTransformer, compile_own_graphs, lm_loss
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from profile_bwd import kernel_ms  # noqa: E402
@@ -138,22 +138,22 @@ def main():
     # no FX graph cache: the second compile would reuse the first one's graphs, pass or not
     torch._inductor.config.fx_graph_cache = False
     times = {}
-    routed = torch.compile(copy.deepcopy(base))
+    # each with graphs of its own: two torch.compile(model) of one class share Dynamo's graphs
+    # (in 2c032cf and 06c53c6, "routed"'s wall and --idle figures after a Dynamo reset were stock's)
+    routed = compile_own_graphs(copy.deepcopy(base), "routed")
     with routing.enable(only_faster=not a.all_calls), clocks("the routed model's steps", a.clocks):
         routing.routing_stats(reset=True)
         times["routed"] = kernel_ms(lambda: step(routed, tokens), a.reps, launches=True)
         print("routing_stats:", {k: v for k, v in routing.routing_stats().items()
                                  if k in ("routed_nodes", "not_routed", "routed_calls")})
-    torch._dynamo.reset()
-    stock = torch.compile(copy.deepcopy(base))
+    stock = compile_own_graphs(copy.deepcopy(base), "stock")
     with clocks("the stock model's steps", a.clocks):
         times["stock"] = kernel_ms(lambda: step(stock, tokens), a.reps, launches=True)
     times = {"stock": times["stock"], "routed": times["routed"]}
     if a.wall_rounds:  # the demo's measure: event-timed steps, the two models interleaved
         walls = {"stock": [], "routed": []}
         models = {"stock": stock, "routed": routed}
-        # (routed recompiles here after the reset above: under enable(), so it routes again;
-        # stock runs outside it, so a recompile of stock would stay stock)
+        # (a recompile, should one happen, sees the routing each model was compiled with)
         for _ in range(a.wall_rounds):
             for name, m in models.items():
                 ctx = (routing.enable(only_faster=not a.all_calls) if name == "routed"

@@ -29,7 +29,7 @@ import torch._inductor.config
 import torch.nn as nn
 
 from . import _extension, policy, routing
-from .testing import AttentionOpRecorder, TinyTransformer, lm_loss
+from .testing import AttentionOpRecorder, TinyTransformer, compile_own_graphs, lm_loss
 
 
 # ---------------------------------------------------------------------------------------
@@ -159,7 +159,8 @@ def run(args) -> int:
     torch._inductor.config.post_grad_custom_post_pass = recorder
     routing.routing_stats(reset=True)
     routed_model = copy.deepcopy(base)
-    compiled = torch.compile(routed_model)
+    # graphs of its own: Dynamo would hand them to the stock model compiled below (same class)
+    compiled = compile_own_graphs(routed_model, "routed")
     opt = torch.optim.AdamW(routed_model.parameters(), lr=args.lr)
     try:
         # By default only_faster=False: the demo compares our backward with stock on its shapes
@@ -224,7 +225,7 @@ def run(args) -> int:
     # 6. speed against stock (Hopper only)
     if device == "cuda" and first_calls > 0 and args.timing_iters > 0:
         _say("")
-        stock_c = torch.compile(copy.deepcopy(base))
+        stock_c = compile_own_graphs(copy.deepcopy(base), "stock")
         routing.disable()
         _step(stock_c, tokens, None, autocast_dtype, device)  # compile without the rewrite
         models = {"stock": stock_c, "torch_sm90_sdpa": compiled}

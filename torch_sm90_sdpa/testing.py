@@ -4,11 +4,17 @@
     lm_loss(logits, tokens)               next-token cross entropy
     AttentionOpRecorder                   a post-grad pass recording the attention ops of
                                           every graph Inductor compiles
+    with_own_code(fn, variant)            fn with a code object of its own (Dynamo's cache key)
+    compile_own_graphs(model, variant)    torch.compile(model) that shares no compiled graph
+                                          with another compile of the same class
 """
 from __future__ import annotations
 
-from typing import Optional
+import functools
+import types
+from typing import Callable, Optional
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -96,6 +102,31 @@ class TinyTransformer(nn.Module):
 
 def lm_loss(logits, tokens):
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
+# ---------------------------------------------------------------------------------------
+# compiling two variants of one model in one process
+# ---------------------------------------------------------------------------------------
+
+def with_own_code(fn: Callable, variant: str) -> Callable:
+    """`fn` with a code object of its own, named after `variant`. Dynamo keeps compiled graphs
+    per code object, and with nn modules inlined (torch's default) its guards do not tell two
+    instances of one class apart."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{variant}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+def _call_model(model, *args, **kwargs):
+    return model(*args, **kwargs)
+
+
+def compile_own_graphs(model: nn.Module, variant: str) -> Callable:
+    """``torch.compile`` of calls of `model` (same arguments) through a function of its own.
+    Two ``torch.compile(model)`` of one class in one process share Dynamo's compiled graphs:
+    a copy compiled after ``disable()`` runs the routed graph of one compiled under
+    ``enable()``, and the reverse (the demo's stock model did so until the seventeenth
+    session). Each `variant` compiled here has graphs of its own, compiled when first called."""
+    return functools.partial(torch.compile(with_own_code(_call_model, variant)), model)
 
 
 # ---------------------------------------------------------------------------------------
