@@ -1049,7 +1049,7 @@ class TestSpeedGate(unittest.TestCase):
                                             lse=lse, is_causal=causal)
 
     def test_cudnn_kept_where_it_is_faster(self):
-        # (the shipped table, two bench_bwd --extra runs of 9e68b21: d128 full under 1.01x of
+        # (the shipped table, bench_bwd --extra runs of 9e68b21 (two) and e7920d1: d128 full under 1.01x of
         # cuDNN at 512 keys, d128 is_causal under it at 4k and 512 (so its 1k and 2k rows,
         # above it, stay on cuDNN too: one threshold per case), d256 is_causal under 1.00x
         # from 2k to 16k keys, d96 / d192 measured from 2k keys only)

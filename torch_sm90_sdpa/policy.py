@@ -403,9 +403,10 @@ def min_seqlen_from_table(rows, stock: str, masked: bool, case: Optional[str] = 
 
 
 # Unmasked cuDNN nodes, per case (bench_bwd.py --extra: two runs of 9e68b21, the GQA group
-# walk's commit, each row's slowest run): ours ahead at head dim 64 from 512 keys (1.06-1.14x),
-# at 96 and 192 on the rows measured from 2k keys (1.09-1.35x), at 256 full from 512 keys
-# (1.04-1.13x), at 128 full from 1000 keys (1.03-1.05x; 512: 1.001x, under the 1.01x asked), at
+# walk's commit, and one of e7920d1, the same kernels; each row's slowest run): ours ahead at
+# head dim 64 from 512 keys (1.06-1.14x), at 96 and 192 on the rows measured from 2k keys
+# (1.09-1.34x), at 256 full from 512 keys (1.04-1.13x), at 128 full from 1000 keys (1.02-1.05x;
+# 512: 1.001x, under the 1.01x asked), at
 # 128 is_causal from 4097 keys (1.02-1.12x, the GQA rows at 8k included; 4096: 1.009x, 512:
 # 1.002x) and at 256 is_causal nowhere (1.02x at 512 and 1k, 0.93-0.99x from 2k to 16k) ->
 # causal {64: 512, 96: 2048, 128: 4097, 192: 2048}, full {64: 512, 96: 2048, 128: 1000,
