@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (the second call of tools/fetch_fa4.sh's two): join build/fa4/part1 (left by
 # the call before, on this same machine) and build/fa4/part2, check the archive, and install its
-# wheels offline into build/fa4_deps (put it on PYTHONPATH for bench_bwd.py --fa4).
+# wheels offline into build/fa4_deps (for bench_bwd.py --fa4, put the two folders it prints on
+# PYTHONPATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! ls build/fa4/part1/wheels.tar.part00 > /dev/null 2>&1; then
@@ -15,5 +16,9 @@ tar xf "$tmp/wheels.tar" -C "$tmp"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target build/fa4_deps "$tmp"/*.whl
 rm -rf "$tmp"
-PYTHONPATH=$PWD/build/fa4_deps${PYTHONPATH:+:$PYTHONPATH} python3 -c \
+# nvidia-cutlass-dsl's `cutlass` package sits in nvidia_cutlass_dsl/dsl_packages, added to
+# sys.path by a .pth file that pip --target does not process: put both folders on PYTHONPATH
+fa4_path=$PWD/build/fa4_deps/nvidia_cutlass_dsl/dsl_packages:$PWD/build/fa4_deps
+PYTHONPATH=$fa4_path${PYTHONPATH:+:$PYTHONPATH} python3 -c \
   "import flash_attn.cute.interface as i; print('flash_attn.cute imports:', i.__file__)"
+echo "for bench_bwd.py --fa4: export PYTHONPATH=$fa4_path:\$PYTHONPATH"

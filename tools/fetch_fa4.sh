@@ -10,7 +10,8 @@
 # (ignored files a call leaves stay for the next call on the same machine):
 #   1. carry build/fa4/part1: nothing to run (`true`)
 #   2. carry build/fa4/part2 and .whl:
-#      bash tools/fa4_install.sh && PYTHONPATH=$PWD/build/fa4_deps:... python3 benchmarks/bench_bwd.py --fa4
+#      bash tools/fa4_install.sh && D=$PWD/build/fa4_deps &&
+#        PYTHONPATH=$D/nvidia_cutlass_dsl/dsl_packages:$D:... python3 benchmarks/bench_bwd.py --fa4
 # tools/fa4_install.sh stops with a message when call 1's part is gone (a fresh machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
