@@ -604,6 +604,32 @@ class TestSwitch(unittest.TestCase):
         self.assertIs(torch._inductor.config.post_grad_custom_post_pass, user)
         self.assertIsNotNone(state)
 
+    def test_toggling_after_a_compile_warns(self):
+        """enable() / disable() after torch.compile ran warn that the graphs already compiled
+        (and new instances of their classes) keep their routing; not before, nor after a
+        Dynamo reset, nor for a call that changes nothing."""
+        torch._dynamo.reset()
+        with self.assertNoLogs("torch_sm90_sdpa", level="WARNING"):
+            torch_sm90_sdpa.enable(cpu=True)
+            torch_sm90_sdpa.disable()
+        double = torch.compile(lambda x: x * 2)  # (kept alive: Dynamo tracks code weakly)
+        double(torch.ones(3))
+        with self.assertLogs("torch_sm90_sdpa", level="WARNING") as logs:
+            torch_sm90_sdpa.enable(cpu=True)
+        self.assertEqual(len(logs.output), 1, logs.output)
+        self.assertIn("routing enabled after torch.compile already ran", logs.output[0])
+        self.assertIn("torch._dynamo.reset()", logs.output[0])
+        with self.assertNoLogs("torch_sm90_sdpa", level="WARNING"):
+            torch_sm90_sdpa.enable(cpu=True)  # idempotent: nothing changed
+        with self.assertLogs("torch_sm90_sdpa", level="WARNING") as logs:
+            torch_sm90_sdpa.disable()
+        self.assertIn("routing disabled after torch.compile", logs.output[0])
+        torch._dynamo.reset()
+        with self.assertNoLogs("torch_sm90_sdpa", level="WARNING"):
+            torch_sm90_sdpa.enable(cpu=True)
+            torch_sm90_sdpa.disable()
+        self.assertEqual(double(torch.ones(3)).tolist(), [2.0, 2.0, 2.0])
+
     def test_enable_as_context_manager_restores(self):
         self.assertFalse(routing.is_enabled())
         on = dict(enabled=True, only_faster=True, causal_masks=True)

@@ -79,6 +79,26 @@ def _set_causal_masks(on: bool) -> None:
         inductor_config.joint_custom_pre_pass = ours.user_pass
 
 
+def _dynamo_has_compiled() -> bool:
+    """Whether Dynamo has seen frames in this process since its last reset (its private
+    tracker of input code objects; False if that is not there)."""
+    try:
+        from torch._dynamo import convert_frame
+        return any(ref() is not None for ref in convert_frame.input_codes.seen)
+    except Exception:  # a torch without the tracker: no warning, nothing else changes
+        return False
+
+
+def _warn_if_compiled_before(change: str) -> None:
+    if _dynamo_has_compiled():
+        log.warning(
+            "routing %s after torch.compile already ran in this process: graphs compiled before "
+            "keep the routing they were compiled with, and Dynamo also hands them to new "
+            "instances of the same model classes (it shares graphs between instances); "
+            "torch._dynamo.reset() makes later calls compile again with the routing now set",
+            change)
+
+
 def enable(cpu: bool = False, only_faster: bool = True,
            causal_masks: bool = True) -> _RoutingState:
     """Route the SDPA backward of every later ``torch.compile`` compilation to our op where
@@ -89,7 +109,10 @@ def enable(cpu: bool = False, only_faster: bool = True,
     (the default) also drops masks that are provably causal at compile time from both SDPA
     nodes (:mod:`torch_sm90_sdpa.causal_masks`): they become ``is_causal=True`` calls.
     Idempotent; passes the user set as ``post_grad_custom_post_pass`` /
-    ``joint_custom_pre_pass`` before keep running after ours."""
+    ``joint_custom_pre_pass`` before keep running after ours. Call it before the first
+    ``torch.compile``: a warning is logged when Dynamo already compiled code in this process,
+    whose graphs keep the routing they were compiled with (also for new instances of the same
+    model classes) until ``torch._dynamo.reset()``."""
     previous = inductor_config.post_grad_custom_post_pass
     state = _RoutingState(previous, inductor_config.joint_custom_pre_pass)
     _set_causal_masks(causal_masks)
@@ -102,6 +125,7 @@ def enable(cpu: bool = False, only_faster: bool = True,
     )
     log.info("routing enabled (cpu=%s, only_faster=%s)%s", bool(cpu), bool(only_faster),
              f"; chained with the user's pass {user_pass!r}" if user_pass is not None else "")
+    _warn_if_compiled_before("enabled" if ours is None else "options changed")
     return state
 
 
@@ -114,6 +138,7 @@ def disable() -> None:
         return
     inductor_config.post_grad_custom_post_pass = ours.user_pass
     log.info("routing disabled")
+    _warn_if_compiled_before("disabled")
 
 
 def is_enabled() -> bool:
