@@ -81,8 +81,9 @@ def idle_report(name, fn, reps, top):
             gaps.append((max(0, s1 - e0), n0, n1))
     total = sum(g for g, _, _ in gaps) / 1e3 / reps
     busy = sum(e - s for s, e, _ in gpu) / 1e3 / reps
+    ours = sum("sm90_sdpa" in n for _, _, n in gpu) // reps
     print(f"\n{name}: GPU busy {busy:.3f} ms, idle between activities {total:.3f} ms per step "
-          f"({len(gaps) // reps} gaps); the largest:")
+          f"({len(gaps) // reps} gaps; {ours} of our kernels per step); the largest:")
     for g, n0, n1 in sorted(gaps, reverse=True)[:top]:
         print(f"  {g / 1e3:7.3f} ms  after {n0[:60]}  before {n1[:60]}")
     api = collections.defaultdict(lambda: [0, 0.0])
@@ -150,6 +151,9 @@ def main():
     with clocks("the stock model's steps", a.clocks):
         times["stock"] = kernel_ms(lambda: step(stock, tokens), a.reps, launches=True)
     times = {"stock": times["stock"], "routed": times["routed"]}
+    ran_ours = {k: any("sm90_sdpa" in n for n in t) for k, t in times.items()}
+    if ran_ours != {"stock": False, "routed": True}:  # what hid the demo's mistake for sessions
+        sys.exit(f"the models did not run what they should: our kernels ran {ran_ours}")
     if a.wall_rounds:  # the demo's measure: event-timed steps, the two models interleaved
         walls = {"stock": [], "routed": []}
         models = {"stock": stock, "routed": routed}
