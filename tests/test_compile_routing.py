@@ -172,11 +172,17 @@ torch_sm90_sdpa::sdpa_backward x3""")
             self.assertEqual(ops_of(shared_routed), routed_ops)
         self.assertEqual(ops_of(torch.compile(copy.deepcopy(base))), routed_ops)  # the trap
 
+        # the demo's check before it times the two models
+        from torch_sm90_sdpa.demo import _stock_step_runs_stock
+        self.assertFalse(_stock_step_runs_stock(torch.compile(copy.deepcopy(base)), tokens,
+                                                None, "cpu"))
+
         torch._dynamo.reset()
         with routing.enable(cpu=True, only_faster=False):
             routed = compile_own_graphs(copy.deepcopy(base), "routed")
             self.assertEqual(ops_of(routed), routed_ops)
         stock = compile_own_graphs(copy.deepcopy(base), "stock")
+        self.assertTrue(_stock_step_runs_stock(stock, tokens, None, "cpu"))
         self.assertEqual(ops_of(stock), stock_ops)
         self.assertEqual(ops_of(routed), routed_ops)
         self.assertEqual(ops_of(stock), stock_ops)

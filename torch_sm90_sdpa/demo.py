@@ -92,6 +92,15 @@ def _step(model, tokens, opt, autocast_dtype, device):
     return loss
 
 
+def _stock_step_runs_stock(stock_model, tokens, autocast_dtype, device) -> bool:
+    """One step of `stock_model` (its compile, with routing off); False when it ran our
+    backward: Dynamo hands a model the graphs compiled for another instance of its class
+    unless each is compiled apart (testing.compile_own_graphs)."""
+    before = routing.routing_stats()["routed_calls"]
+    _step(stock_model, tokens, None, autocast_dtype, device)
+    return routing.routing_stats()["routed_calls"] == before
+
+
 def _time_cuda(fn, iters: int) -> float:
     """Median ms per call with CUDA events."""
     times = []
@@ -227,7 +236,9 @@ def run(args) -> int:
         _say("")
         stock_c = compile_own_graphs(copy.deepcopy(base), "stock")
         routing.disable()
-        _step(stock_c, tokens, None, autocast_dtype, device)  # compile without the rewrite
+        if not _stock_step_runs_stock(stock_c, tokens, autocast_dtype, device):
+            _say("the stock model ran torch_sm90_sdpa's backward: no speed comparison")
+            return 1
         models = {"stock": stock_c, "torch_sm90_sdpa": compiled}
         step_ms = {k: [] for k in models}
         attn_ms = {k: [] for k in models}
