@@ -17,9 +17,11 @@
 # switch with gqa_walk_sections.sh through tools/ab_session.sh directly, one round (266 s);
 # landed as 9e68b21 with 128-CTA sections (the two patch files, copies of that code, were
 # removed; the switch alone is patches/section-groups.patch, against main).
-# Prepared (sixteenth session, not run): d256 dQ by atomics, trees b / c / d
+# Sixteenth session, run in the seventeenth (21-23% slower, not merged): d256 dQ by atomics, trees b / c / d
 # (d256_dq_atomic_call.sh: patches/d256-dq-atomic.patch and two variants of it),
 # d256_dq_atomic.sh, "256 or full_tile", TORCH_SM90_SDPA_HEAD_DIMS=256.
+# Prepared (seventeenth session, not run): long_seq_call.sh (per-warpgroup dQ at d128, m-block
+# rotation for full attention, no EVICT_LAST on Q / dO), long_seq.sh, d64 and d128.
 set -u
 OUTD=${1:?usage: $0 OUTDIR PATCH ROUND_SCRIPT PYTEST_K}
 PATCH=${2:?patch}
