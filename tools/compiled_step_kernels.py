@@ -28,6 +28,7 @@ import sys
 import torch
 
 from torch_sm90_sdpa import routing
+from torch_sm90_sdpa.demo import _time_cuda as time_cuda  # the demo's step timing
 from torch_sm90_sdpa.testing import TinyTransformer, compile_own_graphs, lm_loss
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -96,21 +97,6 @@ def idle_report(name, fn, reps, top):
         print(f"    {n / reps:7.1f} x {ms / reps:7.3f} ms  {k}")
 
 
-def step_wall_ms(fn, iters):
-    """Median ms per call, each call between two CUDA events (as the demo times steps)."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=8)
@@ -163,7 +149,9 @@ def main():
                 ctx = (routing.enable(only_faster=not a.all_calls) if name == "routed"
                        else contextlib.nullcontext())
                 with ctx:
-                    walls[name].append(step_wall_ms(lambda m=m: step(m, tokens), a.wall_iters))
+                    step(m, tokens)  # (a first step outside the timing)
+                    torch.cuda.synchronize()
+                    walls[name].append(time_cuda(lambda m=m: step(m, tokens), a.wall_iters))
         if a.idle:
             for name, m in models.items():
                 ctx = (routing.enable(only_faster=not a.all_calls) if name == "routed"
