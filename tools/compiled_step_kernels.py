@@ -144,19 +144,19 @@ def main():
         walls = {"stock": [], "routed": []}
         models = {"stock": stock, "routed": routed}
         # (a recompile, should one happen, sees the routing each model was compiled with)
+        def routing_of(name):
+            return (routing.enable(only_faster=not a.all_calls) if name == "routed"
+                    else contextlib.nullcontext())
+
         for _ in range(a.wall_rounds):
             for name, m in models.items():
-                ctx = (routing.enable(only_faster=not a.all_calls) if name == "routed"
-                       else contextlib.nullcontext())
-                with ctx:
+                with routing_of(name):
                     step(m, tokens)  # (a first step outside the timing)
                     torch.cuda.synchronize()
                     walls[name].append(time_cuda(lambda m=m: step(m, tokens), a.wall_iters))
         if a.idle:
             for name, m in models.items():
-                ctx = (routing.enable(only_faster=not a.all_calls) if name == "routed"
-                       else contextlib.nullcontext())
-                with ctx:
+                with routing_of(name):
                     idle_report(name, lambda m=m: step(m, tokens), 2, a.top)
         med = {k: statistics.median(v) for k, v in walls.items()}
         print(f"\nstep wall, CUDA events, median of {a.wall_rounds} interleaved rounds of "
