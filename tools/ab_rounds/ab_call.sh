@@ -20,8 +20,10 @@
 # Sixteenth session, run in the seventeenth (21-23% slower, not merged): d256 dQ by atomics, trees b / c / d
 # (d256_dq_atomic_call.sh: patches/d256-dq-atomic.patch and two variants of it),
 # d256_dq_atomic.sh, "256 or full_tile", TORCH_SM90_SDPA_HEAD_DIMS=256.
-# Prepared (seventeenth session, not run): long_seq_call.sh (per-warpgroup dQ at d128, m-block
-# rotation for full attention, no EVICT_LAST on Q / dO), long_seq.sh, d64 and d128.
+# Seventeenth session's, run in the eighteenth: long_seq_call.sh (per-warpgroup dQ at d128, m-block
+# rotation for full attention, no EVICT_LAST on Q / dO; 408 s), then long_seq_focus_call.sh
+# (four rounds of two of them; 525 s) and d64_long_call.sh (d64 dQ with permuted segments, 2.8%
+# faster at 16k keys, branch d64-dq-permuted; 390 s). Nothing merged.
 set -u
 OUTD=${1:?usage: $0 OUTDIR PATCH ROUND_SCRIPT PYTEST_K}
 PATCH=${2:?patch}

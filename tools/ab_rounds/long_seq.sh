@@ -1,4 +1,4 @@
-# A/B round prepared in the seventeenth session (not run yet), with
+# A/B round prepared in the seventeenth session (run in the eighteenth: BENCHMARKS.md), with
 # TORCH_SM90_SDPA_HEAD_DIMS=64,128 (bf16): where FlashAttention-4 leads us (d64 / d128 from 8k
 # keys, most in full attention: BENCHMARKS.md, seventeenth session). Trees (one patch per side):
 #   a = main;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long-sequence A/B in one device call (seventeenth session, not run): trees a = main,
+# The long-sequence A/B in one device call (seventeenth session; run in the eighteenth, 408 s): trees a = main,
 # b = patches/dq-per-wg.patch, c = patches/m-rotate.patch, d = patches/no-evict-last.patch
 # (d64 and d128 bf16 built in each), one round of long_seq.sh; the tests of
 # tests/test_cuda_backward.py and memcheck in tree b (the per-warpgroup dQ) only: a side c or d that
