@@ -147,6 +147,30 @@ class TestSdpaOp:
             out.sum().backward()
         assert "torch_sm90_sdpa.sdpa_backward.default" in seen
 
+    def test_backward_gets_no_zero_filled_lse_gradient(self):
+        """lse has no gradient: autograd must not build a zero-filled one for it on every
+        backward (set_materialize_grads(False)); only sdpa_backward runs at that level."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen = []
+
+        class Record(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 8))
+        out, _ = sdpa(q, k, v, True, 0.5, False)
+        grad_out = torch.randn_like(out)
+        with Record():
+            grads = torch.autograd.grad(out, (q, k, v), grad_out)
+        # (autograd's own aten.detach may come too)
+        assert [f for f in seen if f != "aten.detach.default"] == [
+            "torch_sm90_sdpa.sdpa_backward.default"], seen
+        _, *ref = reference_grads_fp64(q, k, v, grad_out, True, 0.5)
+        for g, r in zip(grads, ref):
+            torch.testing.assert_close(g, r.to(g.dtype), rtol=1e-4, atol=1e-5)
+
 
 class TestDropIn:
     @pytest.mark.parametrize("is_causal", [False, True])

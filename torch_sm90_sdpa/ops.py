@@ -324,6 +324,9 @@ def _sdpa_setup_context(ctx, inputs, output):
     ctx.is_causal = is_causal
     ctx.scale = scale
     ctx.mark_non_differentiable(lse)
+    # lse gets no gradient: without this, autograd hands the backward a zero-filled [B, H, Sq]
+    # tensor for it on every call (an allocation and a fill kernel the backward never reads)
+    ctx.set_materialize_grads(False)
 
 
 class _NoDoubleBackward(torch.autograd.Function):
@@ -347,6 +350,8 @@ class _NoDoubleBackward(torch.autograd.Function):
 def _sdpa_backward(ctx, grad_out, _grad_lse):
     global _eager_cpp_calls
     q, k, v, out, lse, attn_mask = ctx.saved_tensors
+    if grad_out is None:  # (grads are not materialized) nothing flows back through out
+        return None, None, None, None, None, None, None
     if grad_out.size(-1) > 1 and grad_out.stride(-1) != 1:
         # e.g. the expanded gradient of out.sum(): the kernels need a contiguous last dim.
         grad_out = grad_out.contiguous()
