@@ -21,6 +21,22 @@ OPCHECK_CASES = [
 ]
 
 
+def _dispatched_ops(fn):
+    """(the ops the dispatcher hands a TorchDispatchMode while fn runs, outermost only; fn())"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        result = fn()
+    return seen, result
+
+
 def _backward_args(case, requires_grad=False):
     *shape, layout, is_causal, dtype = case
     q, k, v = make_qkv(*shape, dtype=dtype, layout=layout)
@@ -132,38 +148,18 @@ class TestSdpaOp:
 
     def test_backward_runs_our_op(self):
         """The backward of sdpa is sdpa_backward, seen by the dispatcher."""
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        seen = []
-
-        class Record(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                seen.append(str(func))
-                return func(*args, **(kwargs or {}))
-
         q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 8))
         out, _ = sdpa(q, k, v, True, 0.5, False)
-        with Record():
-            out.sum().backward()
+        seen, _ = _dispatched_ops(lambda: out.sum().backward())
         assert "torch_sm90_sdpa.sdpa_backward.default" in seen
 
     def test_backward_gets_no_zero_filled_lse_gradient(self):
         """lse has no gradient: autograd must not build a zero-filled one for it on every
         backward (set_materialize_grads(False)); only sdpa_backward runs at that level."""
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        seen = []
-
-        class Record(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                seen.append(str(func))
-                return func(*args, **(kwargs or {}))
-
         q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 8))
         out, _ = sdpa(q, k, v, True, 0.5, False)
         grad_out = torch.randn_like(out)
-        with Record():
-            grads = torch.autograd.grad(out, (q, k, v), grad_out)
+        seen, grads = _dispatched_ops(lambda: torch.autograd.grad(out, (q, k, v), grad_out))
         # (autograd's own aten.detach may come too)
         assert [f for f in seen if f != "aten.detach.default"] == [
             "torch_sm90_sdpa.sdpa_backward.default"], seen
