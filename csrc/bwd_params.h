@@ -44,7 +44,7 @@ inline int round_up_seq(int s) { return (s + kSeqRound - 1) / kSeqRound * kSeqRo
 // the TMA reduce-adds carry that order into dq_accum. The postprocess reads it back. Head
 // dims whose kernel keeps the natural order return false here.
 constexpr bool dq_accum_permuted_for(int head_dim) {
-  return head_dim == 192 || head_dim == 256;
+  return head_dim == 64 || head_dim == 192 || head_dim == 256;
 }
 
 // The score bounds of an additive mask's classification: at most this many CTAs share the rows

@@ -400,14 +400,14 @@ def test_make_params_reads_the_programmatic_launch_switch(monkeypatch):
 @needs_C
 @pytest.mark.parametrize("d", sorted(gen.TILES))
 def test_make_params_sets_the_dq_accum_order_of_the_head_dims_kernel(d):
-    # d192 / d256 stage dQ with permuted segments (bwd_mainloop.h) and dq_accum keeps that
+    # d64 / d192 / d256 stage dQ with permuted segments (bwd_mainloop.h) and dq_accum keeps that
     # order; the postprocess must be told, whatever the head dims built here
     from torch_sm90_sdpa import _cuda_backend as cb
 
     q = torch.randn(1, 2, 70, d, dtype=torch.bfloat16)
     lse = torch.randn(1, 2, 70)
     p, _ = cb.make_params(q, q, q, q, q, lse, False, 1.0, False)
-    assert p.dq_accum_permuted == (d in (192, 256))
+    assert p.dq_accum_permuted == (d in (64, 192, 256))
 
 
 @needs_C

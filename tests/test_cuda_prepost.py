@@ -201,7 +201,7 @@ def test_postprocess(case, order, dtype, gqa_accum):
     p, ws = cb.make_params(q, q, k, v, q, lse, False, scale, False, dq=dq, dk=dk, dv=dv,
                            gqa_accum=gqa_accum)
     # make_params sets the order of this head dim's main kernel; "other" reads the other one
-    assert p.dq_accum_permuted == (D in (192, 256))
+    assert p.dq_accum_permuted == (D in (64, 192, 256))
     if order == "other":
         p.dq_accum_permuted = not p.dq_accum_permuted
     ws.dq_accum.normal_()

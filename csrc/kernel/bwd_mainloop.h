@@ -182,6 +182,8 @@ struct BwdMainloop {
   // trade lost elsewhere (A/B, ninth session, main kernel at 2k keys): d256 1.157 -> 1.199 ms,
   // d192 rows 5-14% lower against cuDNN; d128 0.740 -> 0.722 ms and d64 0.873 -> 0.860 ms
   // gained. d96 was not measured and keeps the selector's swizzle.
+  // d64 moved to the permuted order below in the eighteenth session (main kernel, full 16k
+  // keys: 10.963 -> 10.659 ms over four interleaved rounds; 2k level).
   // The head dims of dq_accum_permuted_for (bwd_params.h) keep the 128-byte swizzle and its
   // 32-column TMA boxes, and permute each row's 8-column segments instead: value (r, c) is
   // stored at column c ^ ((r & 3) << 3). A half-warp's four rows then fall on four different
