@@ -1081,29 +1081,34 @@ class TestSpeedGate(unittest.TestCase):
                                             lse=lse, is_causal=causal)
 
     def test_cudnn_kept_where_it_is_faster(self):
-        # (the shipped table, bench_bwd --extra runs of 9e68b21 (two) and e7920d1: d128 full under 1.01x of
-        # cuDNN at 512 keys, d128 is_causal under it at 4k and 512 (so its 1k and 2k rows,
-        # above it, stay on cuDNN too: one threshold per case), d256 is_causal under 1.00x
-        # from 2k to 16k keys, d96 / d192 measured from 2k keys only)
-        for d, s, causal in [(128, 512, False), (128, 4096, True), (128, 1024, True),
-                             (256, 8192, True), (256, 16384, True), (256, 512, True),
-                             (96, 1024, True),
+        # (the shipped table, bench_bwd --extra runs of 9e68b21 (two), e7920d1 and 71bbd29, each
+        # row's slowest: d128 full under 1.01x of cuDNN at 512 and 4097 keys (so 4097..8191
+        # stays too, up to the next measured length, 8k), d128 is_causal under it at 512, 1000
+        # and 4096 keys, d256 is_causal under 1.00x from 2k to 16k keys, d96 / d192 measured
+        # from 2k keys only)
+        for d, s, causal in [(128, 512, False), (128, 4097, False), (128, 6000, False),
+                             (128, 4096, True), (128, 1000, True), (128, 512, True),
+                             (128, 3000, True), (256, 8192, True), (256, 16384, True),
+                             (256, 2048, True), (96, 1024, True),
                              (192, 1024, False), (64, 256, True)]:
             decision = policy.faster_than_stock(self.call(d, s, "cudnn", causal))
             self.assertEqual(decision.reason, policy.R_SLOWER, (d, s, causal))
             self.assertIn("causal" if causal else "full", decision.detail)
-        for s in (4096, 1024):
+        for s in (4096, 1000):
             call = self.call(128, s, "cudnn", causal=True)
             self.assertEqual(policy.decide(call).reason, policy.R_SLOWER)
             self.assertTrue(policy.decide(call, only_faster=False))
 
     def test_cudnn_routed_where_ours_is_faster(self):
-        # the gate alone (d64 may not be compiled here)
+        # the gate alone (d64 may not be compiled here); lengths between two measured ones
+        # that both passed are routed (d128 full 3000, is_causal 1500)
         for d, s, causal in [(64, 512, True), (64, 2048, False), (64, 16384, True),
                              (96, 2048, False), (192, 8192, True), (256, 4096, False),
-                             (256, 16384, False), (256, 512, False),
+                             (256, 16384, False), (256, 512, False), (256, 1024, True),
                              (128, 16384, True), (128, 8192, True), (128, 4097, True),
-                             (128, 1000, False), (128, 8192, False)]:
+                             (128, 1024, True), (128, 1500, True), (128, 2048, True),
+                             (128, 1000, False), (128, 3000, False), (128, 4096, False),
+                             (128, 8192, False), (128, 32768, False)]:
             self.assertTrue(policy.faster_than_stock(self.call(d, s, "cudnn", causal)),
                             (d, s, causal))
 
@@ -1155,23 +1160,50 @@ class TestSpeedGate(unittest.TestCase):
             for d, s in [(128, 1024), (128, 8192), (128, 512)]:
                 self.assertTrue(policy.decide(self.call(d, s, backend)), (backend, d, s))
 
-    def test_thresholds_come_from_the_measured_table(self):
+    def test_routed_lengths_come_from_the_measured_table(self):
         rows = [dict(stock="cudnn", masked=False, head_dim=64, seqlen=s, case=c, gqa=False,
                      speedup=x, source=0)
                 for s, c, x in [(1024, "full", 1.005), (1024, "causal", 1.03), (4096, "full", 1.04),
                                 (4096, "causal", 1.08), (16384, "full", 1.02)]]
         rows += [dict(rows[0], head_dim=128, seqlen=s, speedup=x)
-                 for s, x in [(1024, 1.2), (4096, 0.99), (16384, 1.1)]]  # a slower row between
+                 for s, x in [(512, 1.1), (1024, 1.2), (4096, 0.99), (8192, 1.05), (16384, 1.1)]]
         rows += [dict(rows[0], head_dim=256, seqlen=16384, speedup=0.9)]
-        self.assertEqual(policy.min_seqlen_from_table(rows, "cudnn", False), {64: 4096, 128: 16384})
-        self.assertEqual(policy.min_seqlen_from_table(rows, "cudnn", False, "causal"),
-                         {64: 1024})  # (d128's rows are all "full")
-        self.assertEqual(policy.min_seqlen_from_table(rows, "cudnn", False, "full"),
-                         {64: 4096, 128: 16384})
-        self.assertEqual(policy.min_seqlen_from_table(rows, "cudnn", True), {})
+        rows += [dict(rows[0], head_dim=96, seqlen=s, speedup=x)  # passes only at one length
+                 for s, x in [(1024, 0.9), (2048, 1.1), (4096, 0.95)]]
+        # a GQA row slower at the same length fails that length for the whole case
+        rows += [dict(rows[0], head_dim=192, seqlen=2048, speedup=1.2),
+                 dict(rows[0], head_dim=192, seqlen=2048, gqa=True, speedup=1.0)]
+        full = {64: ((4096, None),), 128: ((512, 1024), (8192, None)), 96: ((2048, 2048),)}
+        self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", False, "full"), full)
+        self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", False, "causal"),
+                         {64: ((1024, None),)})  # (the other head dims' rows are all "full")
+        # both cases together: d64's 1024 fails on its full row although its causal one passes
+        self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", False), full)
+        self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", True), {})
+        ranges = full[128]
+        for seqlen, routed in [(256, False), (512, True), (800, True), (1024, True),
+                               (1025, False), (4096, False), (8191, False), (8192, True),
+                               (1 << 20, True)]:
+            self.assertEqual(policy.in_routed_lengths(seqlen, ranges), routed, seqlen)
+        self.assertEqual(policy.describe_lengths(full),
+                         "d64 Sk >= 4096; d96 Sk in 2048..2048; d128 Sk in 512..1024 or >= 8192")
+        self.assertEqual(policy.describe_lengths({}), "no head dim")
         for case in ("causal", "full"):
-            self.assertEqual(policy.FASTER_THAN_CUDNN_MIN_SEQLEN[case],
-                             policy.min_seqlen_from_table(speed_table.ROWS, "cudnn", False, case))
+            self.assertEqual(policy.FASTER_THAN_CUDNN_LENGTHS[case],
+                             policy.routed_lengths_from_table(speed_table.ROWS, "cudnn", False, case))
+
+    def test_symbolic_key_length_must_fit_one_routed_range(self):
+        """Sk symbolic with a range across a length that is not routed: stock keeps the call."""
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        env = ShapeEnv()
+        ranges = ((512, 1024), (8192, None))
+        for low, high, routed in ((600, 1000, True), (600, 2000, False), (9000, 1 << 20, True),
+                                  (100, 600, False)):
+            sym = env.create_unbacked_symint()
+            torch._check(sym >= low)
+            torch._check(sym <= high)
+            self.assertEqual(policy.in_routed_lengths(sym, ranges), routed, (low, high))
 
     def test_shipped_table_is_generated_from_the_results(self):
         """torch_sm90_sdpa/speed_table.py is what tools/speed_table.py makes of the files its

@@ -202,7 +202,7 @@ def test_default_enable_keeps_faster_cudnn(compile_env):
 def _table_routed_full_case():
     """(head dim, key length): the largest built head dim that the speed table routes without
     a mask (non-causal), at the shortest key length it routes."""
-    built = [(d, s) for d, s in policy.FASTER_THAN_CUDNN_MIN_SEQLEN["full"].items()
+    built = [(d, ranges[0][0]) for d, ranges in policy.FASTER_THAN_CUDNN_LENGTHS["full"].items()
              if _extension.has_variant(d, torch.bfloat16)]
     return max(built) if built else None
 

@@ -7,7 +7,7 @@ case (causal / full, or the mask kind), GQA or not, and ours' speedup (stock tim
 Rows that fall on the same case (the GQA rows of several head ratios, repeated runs, a file
 that measures lengths of another again) keep the slowest: the gate asks that every measured
 row was faster. policy.py derives, per stock backend, head dim and (unmasked) causal / full,
-the shortest key length from which every measured row was faster.
+the key-length ranges where every measured row was faster (policy.routed_lengths_from_table).
 
     python tools/speed_table.py benchmarks/results/*.json [-o torch_sm90_sdpa/speed_table.py]
 """
