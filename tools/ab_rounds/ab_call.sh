@@ -23,7 +23,9 @@
 # Seventeenth session's, run in the eighteenth: long_seq_call.sh (per-warpgroup dQ at d128, m-block
 # rotation for full attention, no EVICT_LAST on Q / dO; 408 s), then long_seq_focus_call.sh
 # (four rounds of two of them; 525 s) and d64_long_call.sh (d64 dQ with permuted segments, 2.8%
-# faster at 16k keys, branch d64-dq-permuted; 390 s). Nothing merged.
+# faster at 16k keys, branch d64-dq-permuted; 390 s; merged in the nineteenth session, 71bbd29).
+# Nineteenth session: d64_no_evict_call.sh (no EVICT_LAST in d64's unmasked kernel; 274 s) and
+# split_kv_call.sh (K / V barriers split, d256; 363 s). Neither merged.
 set -u
 OUTD=${1:?usage: $0 OUTDIR PATCH ROUND_SCRIPT PYTEST_K}
 PATCH=${2:?patch}
