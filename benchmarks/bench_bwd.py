@@ -14,7 +14,7 @@ Per row: TFLOP/s of every backend, ours over each stock backend and over the bes
 the geometric means of those ratios.
 
     python benchmarks/bench_bwd.py [--quick] [--dims 64,128,256] [--seqs 512,...] [--reps 10]
-                                   [--extra] [--no-gqa] [--fa4] [--json OUT]
+                                   [--extra] [--no-gqa] [--fa4] [--dropin] [--json OUT]
 
 --fa4 adds FlashAttention-4's SM90 backward (the flash-attn-4 package, flash_attn.cute, CuTe
 DSL; tools/fetch_fa4.sh makes its wheels portable to the GPU machine) as a peer column: timed
@@ -22,6 +22,12 @@ interleaved with the others, with its own ratio column and geometric mean, but n
 among the stock backends (the "best" column and the speed gate compare with stock only). FA4
 compiles each new kernel configuration on its first call (outside the timing), so a whole grid
 with --fa4 takes longer than the device call's 10 minutes may allow: pick --dims / --seqs.
+
+--dropin adds ours through the public drop-in (torch_sm90_sdpa.scaled_dot_product_attention,
+the backward by torch.autograd.grad), timed like every column (one synchronized call per
+sample: its host time counts in full, as a training loop that runs ahead would hide part of);
+its ratio column "ours / dropin" is the op's speed over the drop-in's, issue 8's "the paths
+agree within 2%".
 
 --json writes the rows (TFLOP/s per backend) in the format tools/speed_table.py reads to
 regenerate the speed gate's table (torch_sm90_sdpa/speed_table.py).
@@ -33,7 +39,7 @@ import sys
 
 import torch
 
-import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+import torch_sm90_sdpa  # registers the ops; the drop-in of --dropin
 
 
 def make(b, hq, hkv, s, d, dtype, seed=0):
@@ -104,6 +110,22 @@ def backend_fa4(q, k, v, dout, causal, scale):
     return run
 
 
+def backend_dropin(q, k, v, dout, causal, scale):
+    """Ours through the public drop-in: torch.autograd.grad of
+    torch_sm90_sdpa.scaled_dot_product_attention (its forward run once), as an unmodified model's
+    backward reaches our kernel; the gradient dO is make()'s, as for every column. Refuses a call
+    the drop-in hands to stock SDPA (its output's grad_fn is then not our op's)."""
+    qs, ks, vs = (t.detach().requires_grad_(True) for t in (q, k, v))
+    o = torch_sm90_sdpa.scaled_dot_product_attention(
+        qs, ks, vs, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    if "torch_sm90_sdpa_sdpa" not in type(o.grad_fn).__name__:
+        raise RuntimeError(f"the drop-in fell back to stock SDPA ({type(o.grad_fn).__name__})")
+
+    def run():
+        return torch.autograd.grad(o, (qs, ks, vs), dout, retain_graph=True)
+    return run
+
+
 def backend_autograd(which):
     """Fallback when an aten backward op cannot be called from Python (schema differences between
     torch versions): time torch.autograd.grad of the stock SDPA output under one backend."""
@@ -125,7 +147,10 @@ def backend_autograd(which):
 
 BACKENDS = {"ours": backend_ours, "cudnn": backend_cudnn, "flash": backend_flash, "efficient": backend_efficient}
 STOCK = ("cudnn", "flash", "efficient")
-PEERS = {"fa4": backend_fa4}  # other implementations, measured beside on request (--fa4)
+# Columns measured beside on request, each with its own ratio column, never counted as stock:
+# other implementations (--fa4) and ours through the public drop-in (--dropin; "ours / dropin"
+# above 1 is what the drop-in's path costs over the op's).
+PEERS = {"fa4": backend_fa4, "dropin": backend_dropin}
 
 
 def time_interleaved(fns, reps, warmup=2):
@@ -283,6 +308,9 @@ def main():
     ap.add_argument("--json", help="write the rows here (input of tools/speed_table.py)")
     ap.add_argument("--fa4", action="store_true",
                     help="also FlashAttention-4's backward (flash_attn.cute), as a peer column")
+    ap.add_argument("--dropin", action="store_true",
+                    help="also ours through the public drop-in (torch.autograd.grad of "
+                         "torch_sm90_sdpa.scaled_dot_product_attention), as a column of its own")
     a = ap.parse_args()
     g = grid(a)
     if g is None:
@@ -301,7 +329,9 @@ def main():
         except ImportError as exc:
             print(f"--fa4: flash_attn.cute does not import ({exc}); install flash-attn-4")
             return 1
-        backends.update(PEERS)
+        backends["fa4"] = PEERS["fa4"]
+    if a.dropin:
+        backends["dropin"] = PEERS["dropin"]
     print(f"{'row':40s} " + "  ".join(f"{n:>6s}" for n in backends) + "   "
           + "  ".join(f"{'/' + n[:4]:>5s}" for n in ratio_keys(backends)) + "  (ours over)")
     ratios = [run_row(label, b, hq, hkv, s, d, causal, dtype, reps, a.check, backends)

@@ -58,7 +58,7 @@ def test_fa4_is_a_peer_not_a_stock_backend():
     assert bench_bwd.ours_over_stock({"ours": 300.0, "fa4": 600.0}) == {"fa4": 0.5}
     assert bench_bwd.geomeans([r])["fa4"] == (0.5, 1)
     assert "fa4" not in bench_bwd.ratio_keys(bench_bwd.BACKENDS)
-    assert bench_bwd.ratio_keys({**bench_bwd.BACKENDS, **bench_bwd.PEERS})[-1] == "fa4"
+    assert bench_bwd.ratio_keys(dict(bench_bwd.BACKENDS, fa4=bench_bwd.PEERS["fa4"]))[-1] == "fa4"
 
 
 def test_speed_table_takes_only_bf16_rows_of_bench_bwd():
@@ -108,3 +108,36 @@ def test_plot_series_are_the_grid_rows_by_head_dim_and_length():
     assert got[128][("ours", "full")] == [(1024, 400.0), (4096, 500.0)]  # sorted by length
     assert got[128][("ours", "causal")] == [(4096, 450.0)]
     assert got[128][("cudnn", "full")] == [(4096, 520.0)]  # fp16 and GQA rows left out
+
+
+def test_dropin_column_times_the_drop_in_backward():
+    """--dropin's column runs the drop-in's backward (our op, reached through autograd) and its
+    gradients are SDPA's; a call the drop-in hands to stock is refused, not timed as ours."""
+    torch.manual_seed(0)
+    b, hq, hkv, s, d = 1, 4, 2, 24, 16
+    q = torch.randn(b, hq, s, d, dtype=torch.float64)
+    k, v = (torch.randn(b, hkv, s, d, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn(b, hq, s, d, dtype=torch.float64)
+    scale = 0.3
+    for causal in (False, True):
+        grads = bench_bwd.backend_dropin(q, k, v, dout, causal, scale)()
+        qr, kr, vr = (t.clone().requires_grad_(True) for t in (q, k, v))
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            qr, kr, vr, is_causal=causal, scale=scale, enable_gqa=True)
+        expected = torch.autograd.grad(ref, (qr, kr, vr), dout)
+        for got, want, name in zip(grads, expected, ("dq", "dk", "dv")):
+            torch.testing.assert_close(got, want, msg=f"{name}, causal={causal}")
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the drop-in falls back under autocast
+        try:
+            bench_bwd.backend_dropin(q.float(), k.float(), v.float(), dout.float(), False, scale)
+        except RuntimeError as exc:
+            assert "fell back" in str(exc)
+        else:
+            raise AssertionError("a call the drop-in does not serve was timed as ours")
+
+
+def test_dropin_is_a_column_of_its_own_not_stock():
+    r = bench_bwd.ours_over_stock({"ours": 500.0, "cudnn": 400.0, "dropin": 490.0})
+    assert math.isclose(r["dropin"], 500.0 / 490.0) and r["best"] == 1.25
+    assert "dropin" not in bench_bwd.ratio_keys(bench_bwd.BACKENDS)
+    assert "dropin" in bench_bwd.ratio_keys(dict(bench_bwd.BACKENDS, dropin=None))
