@@ -12,7 +12,8 @@
 # Not in this call (a fifth tree would pass the call's 10 minutes):
 #   patches/d64-dq-permuted.patch: d64 stages dQ under the 128-byte swizzle with permuted
 #   segments (32-column TMA boxes, like d192 / d256) instead of the 32-byte swizzle's 8-column
-#   boxes (level at 2k keys in the tenth session; long sequences not measured).
+#   boxes (level at 2k keys in the tenth session; long sequences not measured then; landed as
+#   71bbd29, its patch file removed).
 # Main-kernel ms of full d64 / d128 at 16k keys (no mask, then a zero bias: the masked kernel,
 # which c leaves alone), d128 is_causal at 16k (b's kernel), then bench_bwd's d64 / d128 rows at 8k and 16k
 # with --check. Each line under a timeout: a hang in one tree (b changes barriers) must not
