@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One device call that checks the commit that lands: all ten variants built
-# (tools/device_session.sh, smoke test only), `bench_bwd.py --extra --json` (the side-by-side
+# (tools/device_session.sh, smoke test only), `bench_bwd.py --extra --json` (BENCH_ARGS replaces
+# --extra, e.g. BENCH_ARGS="--extra --dropin" for the drop-in's column too; the side-by-side
 # table of BENCHMARKS.md), the main-kernel ms of PROFILE_ARGS (default: d256 b8 h8/2 s2048,
 # is_causal against a causal bias), then the GPU suite (`pytest -n 8 tests`) with
 # compute-sanitizer memcheck on tools/sanitize_case.py beside it.
 #
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/landing_call.sh "$OUT"   (carry .whl)
+#   GIT_COMMIT=... BENCH_ARGS="--extra --dropin" bash tools/landing_call.sh "$OUT"
 #
 # A device call brings back at most 8 files, so OUTDIR gets: summary.txt, bench_bwd_full.json,
 # logs.tgz (every log), prebuilt/ (3 files: the build, for PREBUILT=1 in a later call).
@@ -25,8 +27,8 @@ stamp "build + smoke test: exit $?, $(grep -m1 '^result' "$LOGS/session/check/su
 cp -r "$LOGS/session/prebuilt" "$OUTD/" 2>/dev/null
 export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"
 
-python3 benchmarks/bench_bwd.py --extra --json "$OUTD/bench_bwd_full.json" > "$LOGS/bench_bwd.txt" 2>&1
-stamp "bench_bwd --extra: exit $?, $(grep 'ours / cudnn' "$LOGS/bench_bwd.txt" | tail -n 1)"
+python3 benchmarks/bench_bwd.py ${BENCH_ARGS:---extra} --json "$OUTD/bench_bwd_full.json" > "$LOGS/bench_bwd.txt" 2>&1
+stamp "bench_bwd ${BENCH_ARGS:---extra}: exit $?, $(grep 'ours / cudnn' "$LOGS/bench_bwd.txt" | tail -n 1)$(grep 'ours / dropin' "$LOGS/bench_bwd.txt" | tail -n 1 | sed 's/^/; /')"
 
 python3 benchmarks/profile_bwd.py ${PROFILE_ARGS:---b 8 --h 8 --kv-heads 2 --s 2048 --d 256 --reps 10} \
   > "$LOGS/profile_bwd.txt" 2>&1
