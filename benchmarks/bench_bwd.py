@@ -14,7 +14,8 @@ Per row: TFLOP/s of every backend, ours over each stock backend and over the bes
 the geometric means of those ratios.
 
     python benchmarks/bench_bwd.py [--quick] [--dims 64,128,256] [--seqs 512,...] [--reps 10]
-                                   [--extra] [--no-gqa] [--fa4] [--dropin] [--json OUT]
+                                   [--extra] [--no-gqa] [--fa4] [--dropin] [--batched N]
+                                   [--json OUT]
 
 --fa4 adds FlashAttention-4's SM90 backward (the flash-attn-4 package, flash_attn.cute, CuTe
 DSL; tools/fetch_fa4.sh makes its wheels portable to the GPU machine) as a peer column: timed
@@ -28,6 +29,10 @@ the backward by torch.autograd.grad), timed like every column (one synchronized 
 sample: its host time counts in full, as a training loop that runs ahead would hide part of);
 its ratio column "ours / dropin" is the op's speed over the drop-in's, issue 8's "the paths
 agree within 2%".
+
+--batched N times N calls back to back per sample (every column alike), so the host runs ahead
+of the GPU as in a training loop, and a path's host latency before its first kernel is hidden
+where the GPU work is longer than it (the drop-in's autograd engine: 0.2-0.4 ms per call).
 
 --json writes the rows (TFLOP/s per backend) in the format tools/speed_table.py reads to
 regenerate the speed gate's table (torch_sm90_sdpa/speed_table.py).
@@ -153,7 +158,10 @@ STOCK = ("cudnn", "flash", "efficient")
 PEERS = {"fa4": backend_fa4, "dropin": backend_dropin}
 
 
-def time_interleaved(fns, reps, warmup=2):
+def time_interleaved(fns, reps, warmup=2, calls=1):
+    """{name: ms per call}, the median over reps samples taken in turn (A, B, C, A, B, C, ...);
+    a sample is one synchronized call, or with calls > 1 the mean of that many calls issued back
+    to back between one pair of events."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -163,17 +171,18 @@ def time_interleaved(fns, reps, warmup=2):
         for n, fn in fns.items():
             st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             st.record()
-            fn()
+            for _ in range(calls):  # calls > 1: back to back, the host running ahead
+                fn()
             en.record()
             torch.cuda.synchronize()
-            times[n].append(st.elapsed_time(en))
+            times[n].append(st.elapsed_time(en) / calls)
     return {n: statistics.median(t) for n, t in times.items()}
 
 
 ROWS = []  # every measured row, for --json
 
 
-def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check, backends=None):
+def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check, backends=None, calls=1):
     backends = BACKENDS if backends is None else backends
     q, k, v, dout = make(b, hq, hkv, s, d, dtype)
     scale = 1.0 / math.sqrt(d)
@@ -200,7 +209,7 @@ def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check, backends=None):
             rel = ((x.float() - y.float()).norm() / y.float().norm()).item()
             if not rel < 2e-2:
                 notes.append(f"{nm} differs from cudnn: {rel:.2e}")
-    ms = time_interleaved(fns, reps)
+    ms = time_interleaved(fns, reps, calls=calls)
     flops = 2.5 * 4 * b * hq * s * s * d / (2 if causal else 1)
     tf = {n: flops / (t * 1e-3) / 1e12 for n, t in ms.items()}
     ratios = ours_over_stock(tf)
@@ -311,7 +320,12 @@ def main():
     ap.add_argument("--dropin", action="store_true",
                     help="also ours through the public drop-in (torch.autograd.grad of "
                          "torch_sm90_sdpa.scaled_dot_product_attention), as a column of its own")
+    ap.add_argument("--batched", type=int, default=1, metavar="CALLS",
+                    help="a sample is CALLS calls back to back between one pair of events (the "
+                         "host running ahead, as in training), not one synchronized call")
     a = ap.parse_args()
+    if a.batched < 1:
+        ap.error(f"--batched: expected a number of calls >= 1, got {a.batched}")
     g = grid(a)
     if g is None:
         return 1
@@ -334,7 +348,9 @@ def main():
         backends["dropin"] = PEERS["dropin"]
     print(f"{'row':40s} " + "  ".join(f"{n:>6s}" for n in backends) + "   "
           + "  ".join(f"{'/' + n[:4]:>5s}" for n in ratio_keys(backends)) + "  (ours over)")
-    ratios = [run_row(label, b, hq, hkv, s, d, causal, dtype, reps, a.check, backends)
+    if a.batched > 1:
+        print(f"each sample: {a.batched} calls back to back, ms per call")
+    ratios = [run_row(label, b, hq, hkv, s, d, causal, dtype, reps, a.check, backends, a.batched)
               for label, b, hq, hkv, s, d, causal, dtype in rows]
     for key, (g_mean, n) in geomeans(ratios).items():
         print(f"geometric mean of ours / {'best stock' if key == 'best' else key}: {g_mean:.3f} over {n} rows")

@@ -141,3 +141,38 @@ def test_dropin_is_a_column_of_its_own_not_stock():
     assert math.isclose(r["dropin"], 500.0 / 490.0) and r["best"] == 1.25
     assert "dropin" not in bench_bwd.ratio_keys(bench_bwd.BACKENDS)
     assert "dropin" in bench_bwd.ratio_keys(dict(bench_bwd.BACKENDS, dropin=None))
+
+
+def test_batched_samples_time_calls_back_to_back(monkeypatch):
+    """--batched N: each sample is N calls between one pair of events, reported per call; the
+    columns still take their samples in turn. (CUDA events replaced by a clock that every call
+    of a timed function advances by its cost.)"""
+    clock = [0.0]
+    order = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            self.t = clock[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    monkeypatch.setattr(bench_bwd.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(bench_bwd.torch.cuda, "synchronize", lambda: None)
+
+    def cost(name, ms):
+        def fn():
+            clock[0] += ms
+            order.append(name)
+        return fn
+
+    fns = {"a": cost("a", 1.0), "b": cost("b", 3.0)}
+    got = bench_bwd.time_interleaved(fns, reps=3, warmup=1, calls=4)
+    assert got == {"a": 1.0, "b": 3.0}  # ms per call, not per sample
+    assert order == ["a", "b"] + (["a"] * 4 + ["b"] * 4) * 3
+    order.clear()
+    assert bench_bwd.time_interleaved(fns, reps=2, warmup=0) == {"a": 1.0, "b": 3.0}
+    assert order == ["a", "b"] * 2  # the default: one synchronized call per sample
