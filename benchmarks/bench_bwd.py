@@ -24,11 +24,14 @@ among the stock backends (the "best" column and the speed gate compare with stoc
 compiles each new kernel configuration on its first call (outside the timing), so a whole grid
 with --fa4 takes longer than the device call's 10 minutes may allow: pick --dims / --seqs.
 
---dropin adds ours through the public drop-in (torch_sm90_sdpa.scaled_dot_product_attention,
-the backward by torch.autograd.grad), timed like every column (one synchronized call per
-sample: its host time counts in full, as a training loop that runs ahead would hide part of);
-its ratio column "ours / dropin" is the op's speed over the drop-in's, issue 8's "the paths
-agree within 2%".
+--dropin adds two public-path columns, each timed like every column (one synchronized call per
+sample: host time counts in full, as a training loop that runs ahead would hide part of):
+"dropin", ours through the public drop-in (torch_sm90_sdpa.scaled_dot_product_attention, the
+backward by torch.autograd.grad), and "cudnn_sdpa", stock cuDNN through its own public path
+(F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION), torch.autograd.grad): both
+pay torch's autograd engine. Ratio columns: "ours / dropin" (the op's speed over the drop-in's),
+"public" (the drop-in over cuDNN's public path: ours / cuDNN as a model sees it) and "agree"
+(public over the op-level ours / cudnn: issue 8's "the paths agree within 2%" is 0.98..1.02).
 
 --batched N times N calls back to back per sample (every column alike), so the host runs ahead
 of the GPU as in a training loop, and a path's host latency before its first kernel is hidden
@@ -131,6 +134,13 @@ def backend_dropin(q, k, v, dout, causal, scale):
     return run
 
 
+def backend_cudnn_sdpa(q, k, v, dout, causal, scale):
+    """Stock cuDNN through its public path: torch.autograd.grad of F.scaled_dot_product_attention
+    under sdpa_kernel(CUDNN_ATTENTION) (its forward run once), the path an unmodified model's
+    backward takes on stock; the counterpart of backend_dropin."""
+    return backend_autograd("cudnn")(q, k, v, dout, causal, scale)
+
+
 def backend_autograd(which):
     """Fallback when an aten backward op cannot be called from Python (schema differences between
     torch versions): time torch.autograd.grad of the stock SDPA output under one backend."""
@@ -155,7 +165,10 @@ STOCK = ("cudnn", "flash", "efficient")
 # Columns measured beside on request, each with its own ratio column, never counted as stock:
 # other implementations (--fa4) and ours through the public drop-in (--dropin; "ours / dropin"
 # above 1 is what the drop-in's path costs over the op's).
-PEERS = {"fa4": backend_fa4, "dropin": backend_dropin}
+PEERS = {"fa4": backend_fa4, "dropin": backend_dropin, "cudnn_sdpa": backend_cudnn_sdpa}
+# Ratios between two public-path columns (--dropin), not of the op: "public" = dropin over
+# cudnn_sdpa; "agree" = public over the op-level ours / cudnn.
+PUBLIC_KEYS = ("public", "agree")
 
 
 def time_interleaved(fns, reps, warmup=2, calls=1):
@@ -224,14 +237,18 @@ def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check, backends=None, 
     return ratios
 
 
-RATIO_KEYS = ("best",) + STOCK + tuple(PEERS)  # ours over the best stock, over each stock
-# backend, over each peer
+RATIO_KEYS = ("best",) + STOCK + tuple(PEERS) + PUBLIC_KEYS  # ours over the best stock, over
+# each stock backend, over each peer; the public paths' ratio and its agreement with the op's
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+RATIO_LABELS = {"cudnn_sdpa": "/cpub", "public": "pub", "agree": "agr"}  # header cells
 
 
 def ratio_keys(backends):
-    """The ratio columns of a run with these backends (peers only when measured)."""
-    return tuple(k for k in RATIO_KEYS if k not in PEERS or k in backends)
+    """The ratio columns of a run with these backends (peers only when measured; the public
+    paths' ratios only with both public columns and cudnn)."""
+    public = all(n in backends for n in ("dropin", "cudnn_sdpa", "cudnn"))
+    return tuple(k for k in RATIO_KEYS
+                 if (k in PUBLIC_KEYS and public) or (k not in PUBLIC_KEYS and (k not in PEERS or k in backends)))
 
 
 def ours_over_stock(tf):
@@ -243,6 +260,10 @@ def ours_over_stock(tf):
     stock = [tf[n] for n in STOCK if tf.get(n, 0) > 0]
     if stock:
         r["best"] = tf["ours"] / max(stock)
+    if tf.get("dropin", 0) > 0 and tf.get("cudnn_sdpa", 0) > 0:
+        r["public"] = tf["dropin"] / tf["cudnn_sdpa"]
+        if "cudnn" in r:
+            r["agree"] = r["public"] / r["cudnn"]
     return r
 
 
@@ -346,14 +367,18 @@ def main():
         backends["fa4"] = PEERS["fa4"]
     if a.dropin:
         backends["dropin"] = PEERS["dropin"]
+        backends["cudnn_sdpa"] = PEERS["cudnn_sdpa"]
     print(f"{'row':40s} " + "  ".join(f"{n:>6s}" for n in backends) + "   "
-          + "  ".join(f"{'/' + n[:4]:>5s}" for n in ratio_keys(backends)) + "  (ours over)")
+          + "  ".join(f"{RATIO_LABELS.get(n, '/' + n[:4]):>5s}" for n in ratio_keys(backends))
+          + "  (ours over; pub = dropin / cudnn_sdpa, agr = pub / (ours / cudnn))")
     if a.batched > 1:
         print(f"each sample: {a.batched} calls back to back, ms per call")
     ratios = [run_row(label, b, hq, hkv, s, d, causal, dtype, reps, a.check, backends, a.batched)
               for label, b, hq, hkv, s, d, causal, dtype in rows]
+    names = {"best": "ours / best stock", "public": "dropin / cudnn_sdpa (public paths)",
+             "agree": "public / (ours / cudnn) (paths agree)"}
     for key, (g_mean, n) in geomeans(ratios).items():
-        print(f"geometric mean of ours / {'best stock' if key == 'best' else key}: {g_mean:.3f} over {n} rows")
+        print(f"geometric mean of {names.get(key, 'ours / ' + key)}: {g_mean:.3f} over {n} rows")
     if a.json:
         write_json(a.json, "bench_bwd", ROWS)
     return 0

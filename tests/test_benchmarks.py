@@ -143,6 +143,22 @@ def test_dropin_is_a_column_of_its_own_not_stock():
     assert "dropin" in bench_bwd.ratio_keys(dict(bench_bwd.BACKENDS, dropin=None))
 
 
+def test_public_paths_ratio_and_its_agreement_with_the_op():
+    """--dropin's two public columns: "public" is the drop-in over cuDNN's public path, "agree"
+    that ratio over the op-level ours / cudnn (1.0 when both paths cost the same over the op)."""
+    tf = {"ours": 500.0, "cudnn": 400.0, "dropin": 450.0, "cudnn_sdpa": 380.0}
+    r = bench_bwd.ours_over_stock(tf)
+    assert math.isclose(r["public"], 450.0 / 380.0)
+    assert math.isclose(r["agree"], (450.0 / 380.0) / (500.0 / 400.0))
+    assert math.isclose(r["cudnn_sdpa"], 500.0 / 380.0) and r["best"] == 1.25  # never stock
+    assert "public" not in bench_bwd.ours_over_stock({"ours": 500.0, "cudnn": 400.0, "dropin": 450.0})
+    both = dict(bench_bwd.BACKENDS, dropin=None, cudnn_sdpa=None)
+    assert bench_bwd.ratio_keys(both)[-2:] == ("public", "agree")
+    assert "public" not in bench_bwd.ratio_keys(dict(bench_bwd.BACKENDS, dropin=None))
+    g = bench_bwd.geomeans([r, bench_bwd.ours_over_stock(dict(tf, dropin=500.0))])
+    assert math.isclose(g["agree"][0], math.sqrt(r["agree"] * (500.0 / 380.0) / 1.25))
+
+
 def test_batched_samples_time_calls_back_to_back(monkeypatch):
     """--batched N: each sample is N calls between one pair of events, reported per call; the
     columns still take their samples in turn. (CUDA events replaced by a clock that every call

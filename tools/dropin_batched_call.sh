@@ -18,7 +18,7 @@ stamp "check: exit $?, $(grep -m1 '^result' /tmp/chk/summary.txt 2>/dev/null)"
 export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"
 timeout 330 python3 benchmarks/bench_bwd.py --extra --dropin --batched "${BATCHED:-5}" --reps "${REPS:-6}" \
   --json "$OUTD/bench_bwd_batched.json" > "$OUTD/bench_bwd_batched.txt" 2>&1
-stamp "bench_bwd --batched: exit $?, $(grep -E 'ours / (cudnn|dropin)' "$OUTD/bench_bwd_batched.txt" | tr '\n' ';')"
+stamp "bench_bwd --batched: exit $?, $(grep -E 'ours / (cudnn|dropin)|public paths|paths agree' "$OUTD/bench_bwd_batched.txt" | tr '\n' ';')"
 for args in "--d 256 --b 8 --h 8 --sk 2048" "--d 128 --b 4 --h 16 --sk 4096" "--d 64 --b 4 --h 32 --sk 4096"; do
   timeout 60 python3 tools/cta_cost_probe.py $args >> "$OUTD/cta_cost_probe.txt" 2>&1
   stamp "cta_cost_probe $args: exit $?, $(grep '^fit' "$OUTD/cta_cost_probe.txt" | tail -n 1)"

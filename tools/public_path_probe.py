@@ -6,12 +6,17 @@ torch_sm90_sdpa.scaled_dot_product_attention), interleaved: CUDA-event time per 
 one profiled call of each the CUDA kernels it ran with their summed duration. Equal kernel time
 with unequal event time means host gaps; extra or slower kernels show in the lists.
 
-    python tools/public_path_probe.py [--host | --batched]
+    python tools/public_path_probe.py [--host | --batched | --latency]
 
 --host: instead, the host timeline of one call of each path (CPU events of 5 us or more, with
 their start relative to the call's start, and the CUDA kernels' start on the same clock).
 --batched: instead, per shape and path, the mean time of 20 calls issued back to back between
 one pair of events (the host runs ahead as in training), next to the synchronized per-call median.
+--latency: instead, per shape (LATENCY_SHAPES), four paths side by side: our op, our drop-in,
+stock cuDNN's aten backward op and stock cuDNN through its public path (autograd.grad of
+F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION)); per path the synchronized
+event time, its kernels' summed time and the difference (host latency and gaps). With --host,
+the host timelines include the stock public path too.
 """
 import math
 import os
@@ -22,10 +27,26 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import torch_sm90_sdpa  # noqa: E402
-from bench_bwd import make, time_interleaved  # noqa: E402
+from bench_bwd import backend_cudnn, backend_cudnn_sdpa, make, time_interleaved  # noqa: E402
 
 SHAPES = [(8, 32, 2048, 64, True), (2, 16, 8192, 128, False),
           (2, 16, 8192, 128, True)]  # (b, h, s, d, causal)
+LATENCY_SHAPES = [(32, 16, 512, 128, True), (8, 8, 2048, 256, True)] + SHAPES[:2]
+
+
+def four_paths(b, h, s, d, causal):
+    """{path: backward fn} on one set of inputs: our op, our drop-in, cuDNN's aten op, cuDNN's
+    public path (each forward run once, outside)."""
+    q, k, v, dout = make(b, h, h, s, d, torch.bfloat16)
+    scale = 1 / math.sqrt(d)
+    o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, False)
+    qs, ks, vs = (t.detach().requires_grad_(True) for t in (q, k, v))
+    od = torch_sm90_sdpa.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
+    return {"op": lambda: torch.ops.torch_sm90_sdpa.sdpa_backward(
+                dout, q, k, v, o, lse, causal, scale, False),
+            "drop-in": lambda: torch.autograd.grad(od, (qs, ks, vs), dout, retain_graph=True),
+            "cudnn op": backend_cudnn(q, k, v, dout, causal, scale),
+            "cudnn public": backend_cudnn_sdpa(q, k, v, dout, causal, scale)}
 
 
 def kernels(fn):
@@ -89,16 +110,20 @@ def main():
                       f"drop-in {sync['drop-in']:.3f} / {back['drop-in']:.3f}", flush=True)
                 torch.use_deterministic_algorithms(False)
         return
+    if "--latency" in sys.argv:
+        for shape in LATENCY_SHAPES:
+            fns = four_paths(*shape)
+            ms = time_interleaved(fns, 10)
+            print("b={} h={} s={} d={} causal={}: ms per synchronized call, event / kernels / "
+                  "event - kernels".format(*shape), flush=True)
+            for name, fn in fns.items():
+                kern = sum(t for _, _, t in kernels(fn))
+                print(f"  {name:13s} {ms[name]:7.3f} / {kern:7.3f} / {ms[name] - kern:6.3f}", flush=True)
+            del fns
+            torch.cuda.empty_cache()
+        return
     if "--host" in sys.argv:
-        b, h, s, d, causal = SHAPES[1]
-        q, k, v, dout = make(b, h, h, s, d, torch.bfloat16)
-        scale = 1 / math.sqrt(d)
-        o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, False)
-        qs, ks, vs = (t.detach().requires_grad_(True) for t in (q, k, v))
-        od = torch_sm90_sdpa.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
-        fns = {"op": lambda: torch.ops.torch_sm90_sdpa.sdpa_backward(
-                   dout, q, k, v, o, lse, causal, scale, False),
-               "drop-in": lambda: torch.autograd.grad(od, (qs, ks, vs), dout, retain_graph=True)}
+        fns = four_paths(*SHAPES[1])
         time_interleaved(fns, 3)
         for name, fn in fns.items():
             host_timeline(name, fn)
