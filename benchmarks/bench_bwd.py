@@ -172,16 +172,20 @@ PUBLIC_KEYS = ("public", "agree")
 
 
 def time_interleaved(fns, reps, warmup=2, calls=1):
-    """{name: ms per call}, the median over reps samples taken in turn (A, B, C, A, B, C, ...);
-    a sample is one synchronized call, or with calls > 1 the mean of that many calls issued back
-    to back between one pair of events."""
+    """{name: ms per call}, the median over reps samples taken in turn, the order rotated by one
+    each round (A, B, C, B, C, A, C, A, B, ...: no column always follows the same one, e.g.
+    the autograd engine's device thread is not always cold for one public-path column and warm
+    for the next); a sample is one synchronized call, or with calls > 1 the mean of that many
+    calls issued back to back between one pair of events."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
     times = {n: [] for n in fns}
-    for _ in range(reps):
-        for n, fn in fns.items():
+    names = list(fns)
+    for rep in range(reps):
+        for n in names[rep % len(names):] + names[:rep % len(names)]:
+            fn = fns[n]
             st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             st.record()
             for _ in range(calls):  # calls > 1: back to back, the host running ahead

@@ -161,7 +161,7 @@ def test_public_paths_ratio_and_its_agreement_with_the_op():
 
 def test_batched_samples_time_calls_back_to_back(monkeypatch):
     """--batched N: each sample is N calls between one pair of events, reported per call; the
-    columns still take their samples in turn. (CUDA events replaced by a clock that every call
+    columns still take their samples in turn, the order rotated each round. (CUDA events replaced by a clock that every call
     of a timed function advances by its cost.)"""
     clock = [0.0]
     order = []
@@ -188,7 +188,9 @@ def test_batched_samples_time_calls_back_to_back(monkeypatch):
     fns = {"a": cost("a", 1.0), "b": cost("b", 3.0)}
     got = bench_bwd.time_interleaved(fns, reps=3, warmup=1, calls=4)
     assert got == {"a": 1.0, "b": 3.0}  # ms per call, not per sample
-    assert order == ["a", "b"] + (["a"] * 4 + ["b"] * 4) * 3
+    # warmup, then the rounds, each starting one column later
+    assert order == ["a", "b"] + ["a"] * 4 + ["b"] * 4 + ["b"] * 4 + ["a"] * 4 + ["a"] * 4 + ["b"] * 4
     order.clear()
-    assert bench_bwd.time_interleaved(fns, reps=2, warmup=0) == {"a": 1.0, "b": 3.0}
-    assert order == ["a", "b"] * 2  # the default: one synchronized call per sample
+    fns["c"] = cost("c", 2.0)
+    assert bench_bwd.time_interleaved(fns, reps=3, warmup=0) == {"a": 1.0, "b": 3.0, "c": 2.0}
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # one synchronized call per sample

@@ -358,16 +358,23 @@ def _sdpa_backward(ctx, grad_out, _grad_lse):
     # Deterministic algorithms on at backward time (also when switched on after the forward):
     # the kernel's deterministic mode (bitwise-repeatable gradients).
     deterministic = torch.are_deterministic_algorithms_enabled()
+    create_graph = torch.is_grad_enabled()
     _eager_backward.active = True
     try:
-        with torch.no_grad():
+        # (autograd runs a backward with grad mode off unless create_graph=True: no context
+        # manager to enter on the common path, a few microseconds of the host latency)
+        if create_graph:
+            with torch.no_grad():
+                grads = SDPA_BACKWARD(grad_out, q, k, v, out, lse, ctx.is_causal, ctx.scale,
+                                      deterministic, attn_mask)
+        else:
             grads = SDPA_BACKWARD(grad_out, q, k, v, out, lse, ctx.is_causal, ctx.scale,
                                   deterministic, attn_mask)
     finally:
         _eager_backward.active = False
     if q.device.type == "cuda" and _cuda_kernel == "c++":
         _eager_cpp_calls += 1
-    if torch.is_grad_enabled():  # create_graph=True
+    if create_graph:
         grads = _NoDoubleBackward.apply(*grads, q, k, v, out, grad_out)
     return (*grads, None, None, None, None)
 

@@ -426,15 +426,15 @@ def describe_lengths(table: dict) -> str:
 
 
 # Unmasked cuDNN nodes, per case (bench_bwd.py --extra: two runs of 9e68b21, the GQA group
-# walk's commit, one of e7920d1 and one of 71bbd29, the same kernels but d64's dQ staging; each
-# row's slowest run): ours ahead at head dim 64 from 512 keys (1.06-1.14x), at 96 and 192 on the
-# rows measured from 2k keys (1.09-1.33x), at 256 full from 512 keys (1.04-1.10x), at 128 full
-# from 1000 to 4096 keys and from 8k (1.03-1.04x; 512: 1.001x, under the 1.01x asked; 4097:
-# 1.004x), at 128 is_causal at 1k-2k keys and from 4097 (1.02-1.11x, the GQA row at 8k
-# included; 1000: 0.993x, 4096: 1.009x, 512: 0.996x) and at 256 is_causal at 512-1k keys only
-# (1.01-1.02x; 0.93-0.99x from 2k to 16k) -> causal {64: >= 512, 96: >= 2048, 128: 1024..2048
-# or >= 4097, 192: >= 2048, 256: 512..1024}, full {64: >= 512, 96: >= 2048, 128: 1000..4096
-# or >= 8192, 192: >= 2048, 256: >= 512}.
+# walk's commit, one of e7920d1, one of 71bbd29 (d64's dQ staging) and one each of 091278e and
+# 7bf67ae (71bbd29's kernels); each row's slowest run): ours ahead at head dim 64 from 512 keys
+# (1.04-1.13x), at 96 and 192 on the rows measured from 2k keys (1.08-1.33x), at 256 full from
+# 512 keys (1.03-1.10x), at 128 full from 1000 to 4096 keys and from 8k (1.02-1.04x; 512:
+# 0.983x; 4097: 1.004x, under the 1.01x asked), at 128 is_causal at 1k-2k keys and from 4097
+# (1.01-1.11x, the GQA rows at 8k included; 1000: 0.993x, 4096: 1.009x, 512: 0.948x) and at 256
+# is_causal at 1k keys only (1.012x; 512: 1.006x, 0.92-0.99x from 2k to 16k) -> causal {64: >=
+# 512, 96: >= 2048, 128: 1024..2048 or >= 4097, 192: >= 2048, 256: 1024..1024}, full {64: >=
+# 512, 96: >= 2048, 128: 1000..4096 or >= 8192, 192: >= 2048, 256: >= 512}.
 # FA2 (flash) and the memory-efficient backward were slower than ours on every row, so those
 # nodes are always routed (also under deterministic algorithms, where they are torch's
 # deterministic kernels, 1.5-3.4x slower than our deterministic mode).
