@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call on a prebuilt extension (build/carry: a call's prebuilt/, the .so gunzipped):
+# the GPU suite with compute-sanitizer memcheck beside it, bench_bwd's grid with --extra
+# --dropin synchronized and --batched (the public paths' columns), and, when
+# build/ncu_d256.ncu-rep is carried, its SASS source page reduced to the top instructions
+# (tools/ncu_top_instructions.py).
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/public_second_call.sh "$OUT"
+#   (carry .whl, build/carry and optionally build/ncu_d256.ncu-rep). About 7-8 minutes.
+set -uo pipefail
+OUTD=${1:?usage: $0 OUTDIR}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+export PYTHONUNBUFFERED=1 GIT_COMMIT=${GIT_COMMIT:-unknown}
+t0=$(date +%s)
+stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUTD/summary.txt"; }
+cp build/carry/* torch_sm90_sdpa/
+PREBUILT=1 tools/gpu_check.sh /tmp/chk tests/test_build.py -k build_info > "$OUTD/check.txt" 2>&1
+stamp "check: exit $?, $(grep -m1 '^result' /tmp/chk/summary.txt 2>/dev/null)"
+export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"
+if [ -f build/ncu_d256.ncu-rep ]; then
+  ncu --import build/ncu_d256.ncu-rep --page source --csv --print-source sass > /tmp/ncu_src.csv 2>&1
+  python3 tools/ncu_top_instructions.py /tmp/ncu_src.csv > "$OUTD/ncu_d256_top.txt" 2>&1
+  stamp "ncu source page: exit $?"
+fi
+timeout 260 compute-sanitizer --tool memcheck python3 tools/sanitize_case.py > /tmp/memcheck.txt 2>&1 &
+memcheck_pid=$!
+timeout ${SUITE_TIMEOUT_S:-270} python3 -m pytest -n 8 -q -p no:cacheprovider tests > /tmp/suite.txt 2>&1
+stamp "GPU suite: exit $?, $(tail -n 1 /tmp/suite.txt)"
+wait "$memcheck_pid"
+stamp "memcheck: exit $?, $(grep 'ERROR SUMMARY' /tmp/memcheck.txt | tail -n 1)"
+tail -n 30 /tmp/suite.txt > "$OUTD/suite_tail.txt"
+timeout 120 python3 benchmarks/bench_bwd.py --extra --dropin --json "$OUTD/bench_bwd_dropin.json" \
+  > "$OUTD/bench_bwd_dropin.txt" 2>&1
+stamp "bench_bwd --extra --dropin: exit $?, $(grep -E 'ours / cudnn:|public paths|paths agree' "$OUTD/bench_bwd_dropin.txt" | tr '\n' ';')"
+timeout 150 python3 benchmarks/bench_bwd.py --extra --dropin --batched 5 --reps 6 \
+  --json "$OUTD/bench_bwd_batched.json" > "$OUTD/bench_bwd_batched.txt" 2>&1
+stamp "bench_bwd --batched 5: exit $?, $(grep -E 'ours / cudnn:|public paths|paths agree' "$OUTD/bench_bwd_batched.txt" | tr '\n' ';')"
+head -c 6000 "$OUTD/ncu_d256_top.txt" 2>/dev/null
+cat "$OUTD/summary.txt"
