@@ -17,6 +17,11 @@ stock cuDNN's aten backward op and stock cuDNN through its public path (autograd
 F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION)); per path the synchronized
 event time, its kernels' summed time and the difference (host latency and gaps). With --host,
 the host timelines include the stock public path too.
+--nodes: instead, where a public path's extra time comes from (LATENCY_SHAPES, synchronized
+event time minus the op's): our drop-in (the custom op's generated autograd node), a plain
+torch.autograd.Function calling the same forward and backward ops, cuDNN's public path (its C++
+autograd node), and a plain autograd.Function whose backward calls cuDNN's aten backward (a
+Python node around stock's kernels).
 """
 import math
 import os
@@ -89,7 +94,75 @@ def batched(fns, calls=20):
     return {n: sorted(v)[len(v) // 2] for n, v in out.items()}
 
 
+class _OursFunction(torch.autograd.Function):
+    """Our forward and backward ops in a plain autograd.Function (no custom-op wrapper)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, False)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, o, lse = ctx.saved_tensors
+        return (*torch.ops.torch_sm90_sdpa.sdpa_backward(dout, q, k, v, o, lse, ctx.causal,
+                                                         ctx.scale, False), None, None)
+
+
+class _CudnnFunction(torch.autograd.Function):
+    """cuDNN's aten forward and backward in a plain autograd.Function (a Python node)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        aten = torch.ops.aten
+        res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
+                                                       scale=scale)
+        ctx.save_for_backward(q, k, v, *res[:2])
+        ctx.rest, ctx.causal, ctx.scale = res[2:8], causal, scale
+        return res[0]
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, o, lse = ctx.saved_tensors
+        cq, ck, mq, mk, seed, off = ctx.rest
+        grads = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            dout, q, k, v, o, lse, seed, off, None, cq, ck, mq, mk, 0.0, ctx.causal,
+            scale=ctx.scale)
+        return (*grads, None, None)
+
+
+def node_paths(b, h, s, d, causal):
+    """{path: backward fn}: the op and four autograd paths (see --nodes)."""
+    fns = four_paths(b, h, s, d, causal)
+    q, k, v, dout = make(b, h, h, s, d, torch.bfloat16)
+    scale = 1 / math.sqrt(d)
+    qs, ks, vs = (t.detach().requires_grad_(True) for t in (q, k, v))
+    o_ours = _OursFunction.apply(qs, ks, vs, causal, scale)
+    o_cudnn = _CudnnFunction.apply(qs, ks, vs, causal, scale)
+    return {"op": fns["op"], "drop-in": fns["drop-in"],
+            "ours in autograd.Function": lambda: torch.autograd.grad(
+                o_ours, (qs, ks, vs), dout, retain_graph=True),
+            "cudnn op": fns["cudnn op"], "cudnn public": fns["cudnn public"],
+            "cudnn in autograd.Function": lambda: torch.autograd.grad(
+                o_cudnn, (qs, ks, vs), dout, retain_graph=True)}
+
+
 def main():
+    if "--nodes" in sys.argv:
+        for shape in LATENCY_SHAPES + [(1, 16, 16384, 128, True)]:
+            fns = node_paths(*shape)
+            ms = time_interleaved(fns, 15)
+            print("b={} h={} s={} d={} causal={}: ms per synchronized call (median of 15, "
+                  "order rotated), and over the op's own (ours: our op; cudnn: cuDNN's op)"
+                  .format(*shape), flush=True)
+            for name, t in ms.items():
+                base = ms["cudnn op"] if "cudnn" in name else ms["op"]
+                print(f"  {name:28s} {t:8.3f}  +{t - base:6.3f}", flush=True)
+            del fns
+            torch.cuda.empty_cache()
+        return
     if "--batched" in sys.argv:
         for b, h, s, d, causal in SHAPES:
             q, k, v, dout = make(b, h, h, s, d, torch.bfloat16)
