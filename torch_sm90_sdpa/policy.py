@@ -426,8 +426,8 @@ def describe_lengths(table: dict) -> str:
 
 
 # Unmasked cuDNN nodes, per case (bench_bwd.py --extra: two runs of 9e68b21, the GQA group
-# walk's commit, one of e7920d1, one of 71bbd29 (d64's dQ staging) and one each of 091278e and
-# 7bf67ae (71bbd29's kernels); each row's slowest run): ours ahead at head dim 64 from 512 keys
+# walk's commit, one of e7920d1, one of 71bbd29 (d64's dQ staging) and one each of 091278e,
+# 7bf67ae and 62f2aa7 (71bbd29's kernels); each row's slowest run): ours ahead at head dim 64 from 512 keys
 # (1.04-1.13x), at 96 and 192 on the rows measured from 2k keys (1.08-1.33x), at 256 full from
 # 512 keys (1.03-1.10x), at 128 full from 1000 to 4096 keys and from 8k (1.02-1.04x; 512:
 # 0.983x; 4097: 1.004x, under the 1.01x asked), at 128 is_causal at 1k-2k keys and from 4097
