@@ -183,6 +183,45 @@ class TestDropIn:
         for a, b in zip(*grads):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
+    def test_eager_node_is_the_plain_function_compiled_graphs_the_custom_op(self):
+        """Eager calls get ops.EagerSdpa's node (a lighter host path), traced calls the custom
+        op; both give the op's gradients (the same sdpa_backward underneath)."""
+        torch.manual_seed(5)
+        q, k, v = make_qkv(1, 4, 2, 12, 20, 16, dtype=torch.float64)
+        dout = torch.randn(1, 4, 12, 16, dtype=torch.float64)
+        _, *ref = reference_grads_fp64(q, k, v, dout, True, 0.3)
+
+        def run(fn):
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            out = fn(qq, kk, vv)
+            return out, torch.autograd.grad(out, (qq, kk, vv), dout)
+
+        def drop_in(qq, kk, vv):
+            return torch_sm90_sdpa.scaled_dot_product_attention(qq, kk, vv, is_causal=True,
+                                                               scale=0.3, enable_gqa=True)
+
+        out, grads = run(drop_in)
+        assert type(out.grad_fn).__name__ == "EagerSdpaBackward"
+        for g, r in zip(grads, ref):
+            torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10)
+        seen = []
+
+        def backend(gm, example_inputs):
+            seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+            return gm
+
+        torch._dynamo.reset()
+        out, grads = run(torch.compile(drop_in, backend=backend))
+        assert "torch_sm90_sdpa.sdpa" in seen and not any("EagerSdpa" in n for n in seen), seen
+        for g, r in zip(grads, ref):
+            torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10)
+
+    def test_eager_node_refuses_a_mask_that_requires_grad(self):
+        q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 8))
+        mask = torch.zeros(8, 8, requires_grad=True)
+        with pytest.raises(Exception, match="grad"):
+            torch_sm90_sdpa.ops.EagerSdpa.apply(q, k, v, False, 0.3, False, mask)
+
     def test_non_contiguous_last_dim_is_copied(self):
         q, k, v = (t.transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_()
                    for t in make_qkv(1, 2, 2, 8, 8, 8))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on a prebuilt extension (build/carry: a call's prebuilt/, the .so gunzipped):
 # the GPU suite with compute-sanitizer memcheck beside it, bench_bwd's grid with --extra
-# --dropin synchronized and --batched (the public paths' columns), and, when
+# --dropin synchronized and --batched (the public paths' columns), public_path_probe.py
+# --nodes, and, when
 # build/ncu_d256.ncu-rep is carried, its SASS source page reduced to the top instructions
 # (tools/ncu_top_instructions.py).
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/public_second_call.sh "$OUT"
@@ -22,6 +23,8 @@ if [ -f build/ncu_d256.ncu-rep ]; then
   python3 tools/ncu_top_instructions.py /tmp/ncu_src.csv > "$OUTD/ncu_d256_top.txt" 2>&1
   stamp "ncu source page: exit $?"
 fi
+timeout 60 python3 tools/public_path_probe.py --nodes 2>&1 | grep -v -i warn > "$OUTD/nodes.txt"
+stamp "public_path_probe --nodes: exit $?"
 timeout 260 compute-sanitizer --tool memcheck python3 tools/sanitize_case.py > /tmp/memcheck.txt 2>&1 &
 memcheck_pid=$!
 timeout ${SUITE_TIMEOUT_S:-270} python3 -m pytest -n 8 -q -p no:cacheprovider tests > /tmp/suite.txt 2>&1

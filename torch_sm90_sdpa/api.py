@@ -1,7 +1,8 @@
 """The eager drop-in: ``torch_sm90_sdpa.scaled_dot_product_attention``.
 
 Same signature and result as ``torch.nn.functional.scaled_dot_product_attention``. Calls
-we can serve run the stock fused forward and our backward (``torch_sm90_sdpa::sdpa``);
+we can serve run the stock fused forward and our backward (``torch_sm90_sdpa::sdpa``; in
+eager mode inside ``ops.EagerSdpa``, a plain autograd.Function with a lighter backward node);
 every other call goes to the stock function unchanged. Each decision is logged on the
 ``torch_sm90_sdpa`` logger at DEBUG.
 """
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 
 from . import policy
 from ._validation import MASK_DTYPES
+from .ops import EagerSdpa
 
 log = logging.getLogger("torch_sm90_sdpa")
 
@@ -107,6 +109,13 @@ def scaled_dot_product_attention(
         )
     resolved_scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
     log.debug("scaled_dot_product_attention: torch_sm90_sdpa backward")
-    out, _ = torch.ops.torch_sm90_sdpa.sdpa(query, key, value, is_causal, resolved_scale,
-                                            enable_gqa, attn_mask)
+    if torch.compiler.is_compiling() or type(query) is not torch.Tensor:
+        # traced (Dynamo, export) or a tensor subclass (fake, functional): the custom op, whose
+        # fake kernel and registered autograd the tracers use
+        out, _ = torch.ops.torch_sm90_sdpa.sdpa(query, key, value, is_causal, resolved_scale,
+                                                enable_gqa, attn_mask)
+    else:
+        # eager: the same op in a plain autograd.Function, a lighter backward node on the host
+        out, _ = EagerSdpa.apply(query, key, value, is_causal, resolved_scale, enable_gqa,
+                                 attn_mask)
     return out
