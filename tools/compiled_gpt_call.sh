@@ -10,19 +10,10 @@
 # prebuilt/, the .so gunzipped) to skip the build; without it, d128 bf16 alone is built (about
 # 100 s). About 4-5 minutes in all. OUTDIR gets summary.txt, check.txt, demo.txt, kernels.txt.
 set -uo pipefail
-OUTD=${1:?usage: $0 OUTDIR}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-export PYTHONUNBUFFERED=1 GIT_COMMIT=${GIT_COMMIT:-unknown}
-t0=$(date +%s)
-stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUTD/summary.txt"; }
+source "$(dirname "$0")/call_header.sh" "$@"
 
-if ls build/carry/_C*.so > /dev/null 2>&1; then cp build/carry/* torch_sm90_sdpa/; fi
-PREBUILT=1 TORCH_SM90_SDPA_HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:-128} \
-  TORCH_SM90_SDPA_DTYPES=${TORCH_SM90_SDPA_DTYPES:-bf16} \
-  tools/gpu_check.sh /tmp/chk tests/test_build.py -k build_info > "$OUTD/check.txt" 2>&1
-stamp "check: exit $?, $(grep -m1 '^result' /tmp/chk/summary.txt 2>/dev/null); $(grep -m1 'PREBUILT\|building' "$OUTD/check.txt")"
-export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"
+TORCH_SM90_SDPA_HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:-128} \
+  TORCH_SM90_SDPA_DTYPES=${TORCH_SM90_SDPA_DTYPES:-bf16} use_prebuilt
 
 timeout 300 python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
   --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster > "$OUTD/demo.txt" 2>&1

@@ -6,16 +6,8 @@
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/dropin_batched_call.sh "$OUT"
 #   (carry .whl and build/carry). About 4-5 minutes (estimated).
 set -uo pipefail
-OUTD=${1:?usage: $0 OUTDIR}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-export PYTHONUNBUFFERED=1 GIT_COMMIT=${GIT_COMMIT:-unknown}
-t0=$(date +%s)
-stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUTD/summary.txt"; }
-cp build/carry/* torch_sm90_sdpa/
-PREBUILT=1 tools/gpu_check.sh /tmp/chk tests/test_build.py -k build_info > "$OUTD/check.txt" 2>&1
-stamp "check: exit $?, $(grep -m1 '^result' /tmp/chk/summary.txt 2>/dev/null)"
-export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"
+source "$(dirname "$0")/call_header.sh" "$@"
+use_prebuilt
 timeout 330 python3 benchmarks/bench_bwd.py --extra --dropin --batched "${BATCHED:-5}" --reps "${REPS:-6}" \
   --json "$OUTD/bench_bwd_batched.json" > "$OUTD/bench_bwd_batched.txt" 2>&1
 stamp "bench_bwd --batched: exit $?, $(grep -E 'ours / (cudnn|dropin)|public paths|paths agree' "$OUTD/bench_bwd_batched.txt" | tr '\n' ';')"

@@ -13,19 +13,8 @@
 # logs.tgz (every log), prebuilt/ (3 files: the build, for PREBUILT=1 in a later call).
 # Estimated 8-9 minutes: build about 190 s, bench about 120 s, suite and memcheck about 200 s.
 set -uo pipefail
-OUTD=${1:?usage: $0 OUTDIR}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-export PYTHONUNBUFFERED=1 GIT_COMMIT=${GIT_COMMIT:-unknown}
-LOGS=/tmp/landing_logs
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-t0=$(date +%s)
-stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUTD/summary.txt"; }
-
-bash tools/device_session.sh "$LOGS/session" none > "$LOGS/device_session.txt" 2>&1
-stamp "build + smoke test: exit $?, $(grep -m1 '^result' "$LOGS/session/check/summary.txt" 2>/dev/null)"
-cp -r "$LOGS/session/prebuilt" "$OUTD/" 2>/dev/null
-export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"
+source "$(dirname "$0")/call_header.sh" "$@"
+build_all /tmp/landing_logs
 
 python3 benchmarks/bench_bwd.py ${BENCH_ARGS:---extra} --json "$OUTD/bench_bwd_full.json" > "$LOGS/bench_bwd.txt" 2>&1
 stamp "bench_bwd ${BENCH_ARGS:---extra}: exit $?, $(grep 'ours / cudnn' "$LOGS/bench_bwd.txt" | tail -n 1)$(grep -E 'ours / dropin|public paths|paths agree' "$LOGS/bench_bwd.txt" | sed 's/^/; /' | tr -d '\n')"

@@ -7,19 +7,8 @@
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/public_latency_call.sh "$OUT"  (carry .whl)
 # About 7-8 minutes (estimated: build 235 s, probes 60 s, bench 90 s, ncu 90 s).
 set -uo pipefail
-OUTD=${1:?usage: $0 OUTDIR}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-export PYTHONUNBUFFERED=1 GIT_COMMIT=${GIT_COMMIT:-unknown}
-LOGS=/tmp/latency_logs
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-t0=$(date +%s)
-stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUTD/summary.txt"; }
-
-bash tools/device_session.sh "$LOGS/session" none > "$LOGS/device_session.txt" 2>&1
-stamp "build + smoke test: exit $?, $(grep -m1 '^result' "$LOGS/session/check/summary.txt" 2>/dev/null)"
-cp -r "$LOGS/session/prebuilt" "$OUTD/" 2>/dev/null
-export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"
+source "$(dirname "$0")/call_header.sh" "$@"
+build_all /tmp/latency_logs
 
 timeout 90 python3 tools/public_path_probe.py --latency > "$OUTD/latency.txt" 2>&1
 stamp "public_path_probe --latency: exit $?"

@@ -18,7 +18,7 @@ F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION)); per path the
 event time, its kernels' summed time and the difference (host latency and gaps). With --host,
 the host timelines include the stock public path too.
 --nodes: instead, where a public path's extra time comes from (LATENCY_SHAPES, synchronized
-event time minus the op's): our drop-in (the custom op's generated autograd node), a plain
+event time minus the op's): our drop-in (ops.EagerSdpa since c886836; before it the custom op's generated autograd node), a plain
 torch.autograd.Function calling the same forward and backward ops, cuDNN's public path (its C++
 autograd node), and a plain autograd.Function whose backward calls cuDNN's aten backward (a
 Python node around stock's kernels).

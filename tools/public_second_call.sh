@@ -8,16 +8,8 @@
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/public_second_call.sh "$OUT"
 #   (carry .whl, build/carry and optionally build/ncu_d256.ncu-rep). About 7-8 minutes.
 set -uo pipefail
-OUTD=${1:?usage: $0 OUTDIR}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-export PYTHONUNBUFFERED=1 GIT_COMMIT=${GIT_COMMIT:-unknown}
-t0=$(date +%s)
-stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUTD/summary.txt"; }
-cp build/carry/* torch_sm90_sdpa/
-PREBUILT=1 tools/gpu_check.sh /tmp/chk tests/test_build.py -k build_info > "$OUTD/check.txt" 2>&1
-stamp "check: exit $?, $(grep -m1 '^result' /tmp/chk/summary.txt 2>/dev/null)"
-export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"
+source "$(dirname "$0")/call_header.sh" "$@"
+use_prebuilt
 if [ -f build/ncu_d256.ncu-rep ]; then
   ncu --import build/ncu_d256.ncu-rep --page source --csv --print-source sass > /tmp/ncu_src.csv 2>&1
   python3 tools/ncu_top_instructions.py /tmp/ncu_src.csv > "$OUTD/ncu_d256_top.txt" 2>&1

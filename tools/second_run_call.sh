@@ -10,16 +10,9 @@
 # OUTDIR gets summary.txt, bench_bwd_full_run2.json, speed_table.py, bench_bwd.txt, demo.txt,
 # public_paths.txt, check.txt.
 set -uo pipefail
-OUTD=${1:?usage: $0 OUTDIR}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-export PYTHONUNBUFFERED=1 GIT_COMMIT=${GIT_COMMIT:-unknown}
-t0=$(date +%s)
-stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUTD/summary.txt"; }
+source "$(dirname "$0")/call_header.sh" "$@"
 
-PREBUILT=1 tools/gpu_check.sh /tmp/chk tests/test_build.py -k build_info > "$OUTD/check.txt" 2>&1
-stamp "check (PREBUILT=1): exit $?, $(grep -m1 '^result' /tmp/chk/summary.txt 2>/dev/null)"
-export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"
+use_prebuilt
 
 python3 benchmarks/bench_bwd.py --extra --json "$OUTD/bench_bwd_full_run2.json" \
   > "$OUTD/bench_bwd.txt" 2>&1

@@ -1,0 +1,36 @@
+# The common start of the device-call scripts (tools/*_call.sh), sourced after their
+# `set -uo pipefail`:   source "$(dirname "$0")/call_header.sh" "$@"
+# Sets OUTD (the call's output folder, the script's first argument) and ROOT (the repository
+# root, made the working directory), exports PYTHONUNBUFFERED and GIT_COMMIT (unknown unless
+# set), and defines:
+#   stamp MSG...    one line "N s: MSG" (seconds since the call started), to stdout and to
+#                   OUTD/summary.txt
+#   use_prebuilt    the carried build (build/carry: a call's prebuilt/, the .so gunzipped; when
+#                   present) into torch_sm90_sdpa/, gpu_check.sh's smoke test with PREBUILT=1
+#                   (it builds only when the sources' hash differs; TORCH_SM90_SDPA_HEAD_DIMS /
+#                   _DTYPES pick what it would build), its result stamped, then PYTHONPATH set
+#   use_deps        PYTHONPATH to build/gpu_deps (the carried wheels) and ROOT
+#   build_all DIR   LOGS=DIR (emptied), every variant built by tools/device_session.sh (smoke
+#                   test only), its result stamped, the build's prebuilt/ copied to OUTD (for
+#                   PREBUILT=1 in a later call), then PYTHONPATH set
+OUTD=${1:?usage: $0 OUTDIR}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+export PYTHONUNBUFFERED=1 GIT_COMMIT=${GIT_COMMIT:-unknown}
+t0=$(date +%s)
+stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUTD/summary.txt"; }
+use_deps() { export PYTHONPATH="$ROOT/build/gpu_deps:$ROOT"; }
+use_prebuilt() {
+  if ls build/carry/_C*.so > /dev/null 2>&1; then cp build/carry/* torch_sm90_sdpa/; fi
+  PREBUILT=1 tools/gpu_check.sh /tmp/chk tests/test_build.py -k build_info > "$OUTD/check.txt" 2>&1
+  stamp "check (PREBUILT=1): exit $?, $(grep -m1 '^result' /tmp/chk/summary.txt 2>/dev/null); $(grep -m1 'PREBUILT\|building' "$OUTD/check.txt")"
+  use_deps
+}
+build_all() {
+  LOGS=$1
+  rm -rf "$LOGS" && mkdir -p "$LOGS"
+  bash tools/device_session.sh "$LOGS/session" none > "$LOGS/device_session.txt" 2>&1
+  stamp "build + smoke test: exit $?, $(grep -m1 '^result' "$LOGS/session/check/summary.txt" 2>/dev/null)"
+  cp -r "$LOGS/session/prebuilt" "$OUTD/" 2>/dev/null
+  use_deps
+}
