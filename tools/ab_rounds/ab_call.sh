@@ -26,6 +26,8 @@
 # faster at 16k keys, branch d64-dq-permuted; 390 s; merged in the nineteenth session, 71bbd29).
 # Nineteenth session: d64_no_evict_call.sh (no EVICT_LAST in d64's unmasked kernel; 274 s) and
 # split_kv_call.sh (K / V barriers split, d256; 363 s). Neither merged.
+# Twenty-first session, prepared, not run: patches/short-default-tile.patch with
+# short_default_tile.sh, "128 or full_tile" (d128 calls of up to 768 queries on the default tile).
 set -u
 OUTD=${1:?usage: $0 OUTDIR PATCH ROUND_SCRIPT PYTEST_K}
 PATCH=${2:?patch}
