@@ -385,10 +385,12 @@ sdpa.register_autograd(_sdpa_backward, setup_context=_sdpa_setup_context)
 class EagerSdpa(torch.autograd.Function):
     """``sdpa`` with the same forward, saved tensors and backward (``_sdpa_backward``), as a
     plain autograd.Function: what the eager drop-in applies outside torch.compile. The custom
-    op's generated autograd node costs more host time per backward (H200, synchronized call,
-    event time over the op's: d128 causal b32 s512 0.123 ms through the custom op against
-    0.071 ms through this class, cuDNN's own public path 0.069 ms; `public_path_probe.py
-    --nodes`). Compiled graphs keep the custom op (its fake kernel and the rewrite need it).
+    op's generated autograd node cost more host time per backward than a plain Function
+    around the same ops (H200, synchronized call, event time over the op's, d128 causal b32
+    s512: 0.123 against 0.071 ms, cuDNN's own public path 0.069 ms; `public_path_probe.py
+    --nodes`); with this class the drop-in's extra per call back to back at up to 2k keys fell
+    from 0.098 to 0.078 ms (median over bench_bwd's rows; BENCHMARKS.md, twenty-first session).
+    Compiled graphs keep the custom op (its fake kernel and the rewrite need it).
 
     apply(q, k, v, is_causal, scale, enable_gqa, attn_mask) -> (out, lse), shapes as ``sdpa``.
     """
