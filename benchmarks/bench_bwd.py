@@ -251,8 +251,12 @@ def ratio_keys(backends):
     """The ratio columns of a run with these backends (peers only when measured; the public
     paths' ratios only with both public columns and cudnn)."""
     public = all(n in backends for n in ("dropin", "cudnn_sdpa", "cudnn"))
-    return tuple(k for k in RATIO_KEYS
-                 if (k in PUBLIC_KEYS and public) or (k not in PUBLIC_KEYS and (k not in PEERS or k in backends)))
+
+    def shown(key):
+        if key in PUBLIC_KEYS:
+            return public
+        return key not in PEERS or key in backends
+    return tuple(k for k in RATIO_KEYS if shown(k))
 
 
 def ours_over_stock(tf):
