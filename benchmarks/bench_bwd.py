@@ -15,7 +15,7 @@ the geometric means of those ratios.
 
     python benchmarks/bench_bwd.py [--quick] [--dims 64,128,256] [--seqs 512,...] [--reps 10]
                                    [--extra] [--no-gqa] [--fa4] [--dropin] [--batched N]
-                                   [--json OUT]
+                                   [--ab-env VAR=VALUE] [--json OUT]
 
 --fa4 adds FlashAttention-4's SM90 backward (the flash-attn-4 package, flash_attn.cute, CuTe
 DSL; tools/fetch_fa4.sh makes its wheels portable to the GPU machine) as a peer column: timed
@@ -36,6 +36,12 @@ pay torch's autograd engine. Ratio columns: "ours / dropin" (the op's speed over
 --batched N times N calls back to back per sample (every column alike), so the host runs ahead
 of the GPU as in a training loop, and a path's host latency before its first kernel is hidden
 where the GPU work is longer than it (the drop-in's autograd engine: 0.2-0.4 ms per call).
+
+--ab-env VAR=VALUE adds a column "ours_env": ours with the environment variable VAR set to VALUE
+around each call (the device layer reads its switches per call, e.g.
+TORCH_SM90_SDPA_PERSISTENT=1), timed interleaved with every other column, so that one run
+compares both sides of a switch on the whole grid ("/env" = ours / ours_env: under 1, the
+switch makes ours faster).
 
 --json writes the rows (TFLOP/s per backend) in the format tools/speed_table.py reads to
 regenerate the speed gate's table (torch_sm90_sdpa/speed_table.py).
@@ -118,6 +124,28 @@ def backend_fa4(q, k, v, dout, causal, scale):
     return run
 
 
+def backend_ours_env(var, value):
+    """Ours (backend_ours) with the environment variable var set to value around each call,
+    restored after it: the other side of a switch the device layer reads per call."""
+    import os
+
+    def make_fn(q, k, v, dout, causal, scale):
+        run_ours = backend_ours(q, k, v, dout, causal, scale)
+
+        def run():
+            old = os.environ.get(var)
+            os.environ[var] = value
+            try:
+                return run_ours()
+            finally:
+                if old is None:
+                    del os.environ[var]
+                else:
+                    os.environ[var] = old
+        return run
+    return make_fn
+
+
 def backend_dropin(q, k, v, dout, causal, scale):
     """Ours through the public drop-in: torch.autograd.grad of
     torch_sm90_sdpa.scaled_dot_product_attention (its forward run once), as an unmodified model's
@@ -165,7 +193,8 @@ STOCK = ("cudnn", "flash", "efficient")
 # Columns measured beside on request, each with its own ratio column, never counted as stock:
 # other implementations (--fa4) and ours through the public drop-in (--dropin; "ours / dropin"
 # above 1 is what the drop-in's path costs over the op's).
-PEERS = {"fa4": backend_fa4, "dropin": backend_dropin, "cudnn_sdpa": backend_cudnn_sdpa}
+PEERS = {"fa4": backend_fa4, "dropin": backend_dropin, "cudnn_sdpa": backend_cudnn_sdpa,
+         "ours_env": None}  # ours_env: backend_ours_env(--ab-env's VAR, VALUE)
 # Ratios between two public-path columns (--dropin), not of the op: "public" = dropin over
 # cudnn_sdpa; "agree" = public over the op-level ours / cudnn.
 PUBLIC_KEYS = ("public", "agree")
@@ -244,7 +273,7 @@ def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check, backends=None, 
 RATIO_KEYS = ("best",) + STOCK + tuple(PEERS) + PUBLIC_KEYS  # ours over the best stock, over
 # each stock backend, over each peer; the public paths' ratio and its agreement with the op's
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-RATIO_LABELS = {"cudnn_sdpa": "/cpub", "public": "pub", "agree": "agr"}  # header cells
+RATIO_LABELS = {"cudnn_sdpa": "/cpub", "public": "pub", "agree": "agr", "ours_env": "/env"}  # header cells
 
 
 def ratio_keys(backends):
@@ -349,12 +378,21 @@ def main():
     ap.add_argument("--dropin", action="store_true",
                     help="also ours through the public drop-in (torch.autograd.grad of "
                          "torch_sm90_sdpa.scaled_dot_product_attention), as a column of its own")
+    ap.add_argument("--ab-env", metavar="VAR=VALUE",
+                    help="also ours with the environment variable VAR=VALUE around each call, as "
+                         "a column of its own (ours_env)")
     ap.add_argument("--batched", type=int, default=1, metavar="CALLS",
                     help="a sample is CALLS calls back to back between one pair of events (the "
                          "host running ahead, as in training), not one synchronized call")
     a = ap.parse_args()
     if a.batched < 1:
         ap.error(f"--batched: expected a number of calls >= 1, got {a.batched}")
+    ab_env = None
+    if a.ab_env is not None:
+        var, sep, value = a.ab_env.partition("=")
+        if not sep or not var:
+            ap.error(f"--ab-env: expected VAR=VALUE, got {a.ab_env!r}")
+        ab_env = (var, value)
     g = grid(a)
     if g is None:
         return 1
@@ -376,6 +414,9 @@ def main():
     if a.dropin:
         backends["dropin"] = PEERS["dropin"]
         backends["cudnn_sdpa"] = PEERS["cudnn_sdpa"]
+    if ab_env is not None:
+        backends["ours_env"] = backend_ours_env(*ab_env)
+        print(f"ours_env: ours with {ab_env[0]}={ab_env[1]}")
     print(f"{'row':40s} " + "  ".join(f"{n:>6s}" for n in backends) + "   "
           + "  ".join(f"{RATIO_LABELS.get(n, '/' + n[:4]):>5s}" for n in ratio_keys(backends))
           + "  (ours over; pub = dropin / cudnn_sdpa, agr = pub / (ours / cudnn))")

@@ -129,7 +129,12 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   auto kernel_fn = kernel::bwd_main_kernel<Kernel>;
   int const smem_size = Kernel::kSharedStorageSize;
   detail::set_smem_attribute_once(kernel_fn, smem_size);
-  dim3 const grid = Scheduler::grid_shape(sched);
+  // Persistent: one CTA per SM (the shared memory allows one), each taking tiles in turn.
+  // Not for GQA's fp32 dK / dV accumulators (their tiles take the mainloop's shared memory)
+  // nor in deterministic mode (its turns are laid out for one CTA per tile).
+  bool const persistent = p.persistent && Kernel::kPersistentCapable && !dkv_accum && !p.deterministic &&
+                          p.num_sms > 0;
+  dim3 const grid = Scheduler::grid_shape(sched, persistent ? p.num_sms : 0);
   // programmatic: the kernel starts while the preprocess (or the classification) drains
   detail::check_cuda(launch_kernel(kernel_fn, grid, dim3(Kernel::kNumThreads), smem_size, stream,
                                    p.programmatic_launch, kparams),

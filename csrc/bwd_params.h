@@ -160,6 +160,11 @@ struct BwdParams {
   // dependent launch, csrc/grid_dependency.h); false: plain launches, each after the last.
   // make_params sets it from TORCH_SM90_SDPA_PDL (off unless "1").
   bool programmatic_launch = false;
+  // The main kernel runs one CTA per SM, each taking tiles (key blocks) in turn, where the
+  // variant and the call allow it (launch_bwd_main): the next tile's K / V / Q / dO loads then
+  // overlap this tile's last m-block and its dK / dV epilogue, and a CTA starts once. false:
+  // one CTA per tile. make_params sets it (TORCH_SM90_SDPA_PERSISTENT).
+  bool persistent = false;
 };
 
 }  // namespace sm90_sdpa

@@ -407,9 +407,20 @@ static bool programmatic_launch_from_env() {
   return env != nullptr && std::string(env) == "1";
 }
 
+// TORCH_SM90_SDPA_PERSISTENT=1 / 0: the main kernel's CTAs take several tiles each (one CTA
+// per SM) / one tile each (BwdParams::persistent; read per call, so that a benchmark can
+// interleave both). Unset or anything else: kPersistentByDefault (bwd_device.h).
+static bool persistent_from_env() {
+  const char* env = std::getenv("TORCH_SM90_SDPA_PERSISTENT");
+  if (env != nullptr && std::string(env) == "1") return true;
+  if (env != nullptr && std::string(env) == "0") return false;
+  return kPersistentByDefault;
+}
+
 BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale) {
   BwdParams n;
   n.programmatic_launch = programmatic_launch_from_env();
+  n.persistent = persistent_from_env();
   n.batch = p.batch;
   n.heads_q = p.heads_q;
   n.heads_kv = p.heads_kv;

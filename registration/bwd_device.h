@@ -133,6 +133,11 @@ struct BwdPointers {
 constexpr int64_t kMinGroupWalkCtas = 512;  // about four waves on 132 SMs
 int gqa_heads_per_cta(const BwdProblem& problem);
 
+// Whether the main kernel runs persistent CTAs (BwdParams::persistent: one CTA per SM, each
+// taking tiles in turn, where the variant and the call allow it) when
+// TORCH_SM90_SDPA_PERSISTENT (read per call: 1 on, 0 off) does not say.
+constexpr bool kPersistentByDefault = false;
+
 // Deterministic mode: the order the kernels add dQ tiles in (DeterministicOrder in
 // bwd_params.h), chosen per problem; TORCH_SM90_SDPA_DETERMINISTIC_ORDER=ascending|descending
 // in the environment (read per call) forces one.

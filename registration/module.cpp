@@ -109,6 +109,7 @@ py::dict build_info() {
   d["cxx_flags"] = TORCH_SM90_SDPA_CXX_FLAGS;
   d["cudart_version"] = CUDART_VERSION;  // the statically linked CUDA runtime
   d["seq_round"] = sm90_sdpa::kSeqRound;
+  d["persistent_by_default"] = dev::kPersistentByDefault;  // TORCH_SM90_SDPA_PERSISTENT unset
   return d;
 }
 
@@ -322,7 +323,7 @@ PYBIND11_MODULE(_C, m) {
       PTR_FIELD(dk_accum, float*) PTR_FIELD(dv_accum, float*) FIELD(dq_accum_permuted)
       // outputs
       TENSOR_FIELDS(dq, void*) TENSOR_FIELDS(dk, void*) TENSOR_FIELDS(dv, void*)
-      FIELD(num_sms) FIELD(l2_bytes) FIELD(programmatic_launch)
+      FIELD(num_sms) FIELD(l2_bytes) FIELD(programmatic_launch) FIELD(persistent)
       // mask (read-only here: make_params fills them consistently)
       .def_property_readonly("mask_kind", [](const BwdParams& p) { return static_cast<int>(p.mask_kind); })
       .def_property_readonly("tile_class", [](const BwdParams& p) { return ptr_to_int(p.tile_class); })

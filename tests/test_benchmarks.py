@@ -194,3 +194,47 @@ def test_batched_samples_time_calls_back_to_back(monkeypatch):
     fns["c"] = cost("c", 2.0)
     assert bench_bwd.time_interleaved(fns, reps=3, warmup=0) == {"a": 1.0, "b": 3.0, "c": 2.0}
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # one synchronized call per sample
+
+
+def test_ab_env_column_runs_ours_with_the_variable_set(monkeypatch):
+    """--ab-env VAR=VALUE: the ours_env column calls our op with VAR=VALUE in the environment
+    (the device layer reads its switches per call) and restores VAR after each call, also when
+    the call raises; its gradients are the op's; its ratio column is ours over it."""
+    seen = []
+    real_ours = bench_bwd.backend_ours
+
+    def spy_ours(*args):
+        run = real_ours(*args)
+
+        def call():
+            seen.append(os.environ.get("TORCH_SM90_SDPA_PERSISTENT"))
+            return run()
+        return call
+
+    monkeypatch.setattr(bench_bwd, "backend_ours", spy_ours)
+    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "0")
+    torch.manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 2, 20, 16, dtype=torch.float64) for _ in range(4))
+    run = bench_bwd.backend_ours_env("TORCH_SM90_SDPA_PERSISTENT", "1")(q, k, v, dout, True, 0.25)
+    grads = run()
+    want = bench_bwd.backend_ours(q, k, v, dout, True, 0.25)()
+    assert seen == ["1", "0"] and os.environ["TORCH_SM90_SDPA_PERSISTENT"] == "0"
+    for got, ref in zip(grads, want):
+        torch.testing.assert_close(got, ref)
+    monkeypatch.delenv("TORCH_SM90_SDPA_PERSISTENT")
+
+    def failing(*args):
+        def call():
+            raise RuntimeError("boom")
+        return call
+    monkeypatch.setattr(bench_bwd, "backend_ours", failing)
+    run = bench_bwd.backend_ours_env("TORCH_SM90_SDPA_PERSISTENT", "1")(q, k, v, dout, True, 0.25)
+    try:
+        run()
+    except RuntimeError:
+        pass
+    assert "TORCH_SM90_SDPA_PERSISTENT" not in os.environ
+    r = bench_bwd.ours_over_stock({"ours": 500.0, "cudnn": 400.0, "ours_env": 520.0})
+    assert math.isclose(r["ours_env"], 500.0 / 520.0) and r["best"] == 1.25
+    assert "ours_env" in bench_bwd.ratio_keys(dict(bench_bwd.BACKENDS, ours_env=None))
+    assert "ours_env" not in bench_bwd.ratio_keys(bench_bwd.BACKENDS)

@@ -398,6 +398,27 @@ def test_make_params_reads_the_programmatic_launch_switch(monkeypatch):
 
 
 @needs_C
+def test_make_params_reads_the_persistent_switch(monkeypatch):
+    # TORCH_SM90_SDPA_PERSISTENT=1 / 0: the main kernel's CTAs take several tiles each / one
+    # tile each (BwdParams.persistent); unset or anything else: the built-in default, which
+    # build_info() reports. Read per call.
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
+    lse = torch.randn(1, 2, 70)
+    monkeypatch.delenv("TORCH_SM90_SDPA_PERSISTENT", raising=False)
+    default = cb.make_params(q, q, q, q, q, lse)[0].persistent
+    assert default == torch_sm90_sdpa.build_info()["persistent_by_default"]
+    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "1")
+    assert cb.make_params(q, q, q, q, q, lse)[0].persistent
+    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "0")
+    assert not cb.make_params(q, q, q, q, q, lse)[0].persistent
+    for other in ("", "yes", "2"):
+        monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", other)
+        assert cb.make_params(q, q, q, q, q, lse)[0].persistent == default
+
+
+@needs_C
 @pytest.mark.parametrize("d", sorted(gen.TILES))
 def test_make_params_sets_the_dq_accum_order_of_the_head_dims_kernel(d):
     # d64 / d192 / d256 stage dQ with permuted segments (bwd_mainloop.h) and dq_accum keeps that

@@ -452,6 +452,122 @@ def test_programmatic_launch_in_a_cuda_graph(monkeypatch):
                 assert torch.equal(a, b), (i, name)
 
 
+def main_kernel_grid(*args):
+    """gridDim.x of the main kernel of one sdpa_backward call (from the profiler's trace)."""
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sdpa_backward(*args)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    grids = [e["args"]["grid"][0] for e in events
+             if "bwd_main_kernel" in e.get("name", "") and "grid" in e.get("args", {})]
+    assert len(grids) == 1, grids
+    return grids[0]
+
+
+# Persistent CTAs (TORCH_SM90_SDPA_PERSISTENT=1, BwdParams.persistent): shapes with several
+# tiles per CTA (B * H * key blocks well over the 132 SMs), key blocks that see no query
+# (causal with Sk > Sq: a CTA's tiles without a K / V load between tiles with one), odd lengths,
+# GQA walked and not walked (the latter keeps one tile per CTA: fp32 dK / dV accumulators), masks.
+PERSISTENT_CASES = {
+    "full": dict(heads=(16, 16), seqs=(1000, 1000), causal=False),
+    "causal": dict(heads=(16, 16), seqs=(1000, 1000), causal=True),
+    "causal-q300k1000": dict(heads=(16, 16), seqs=(300, 1000), causal=True),
+    "full-q77k1500": dict(heads=(16, 16), seqs=(77, 1500), causal=False),
+    "gqa-walk": dict(heads=(16, 4), seqs=(1000, 1000), causal=True, walk="1"),
+    "gqa-accum": dict(heads=(16, 4), seqs=(1000, 1000), causal=True, walk="0"),
+    "mask": dict(heads=(16, 16), seqs=(1000, 1000), causal=False, mask="bool"),
+    "bias": dict(heads=(16, 16), seqs=(1000, 1000), causal=False, mask="bias"),
+}
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("case", list(PERSISTENT_CASES))
+def test_persistent_matches_one_tile_per_cta(head_dim, case, monkeypatch):
+    """The main kernel with persistent CTAs (each taking tiles in turn, the next tile's loads
+    overlapping the epilogue) gives the gradients of one CTA per tile (TORCH_SM90_SDPA_PERSISTENT
+    =0) to the rounding of reordered fp32 atomics, both within the fp64 criterion; the grid is
+    one CTA per SM where the variant and the call allow it, else one per tile."""
+    c = PERSISTENT_CASES[case]
+    dtype = torch.bfloat16
+    need_variant(head_dim, dtype)
+    (hq, hkv), (sq, sk), causal = c["heads"], c["seqs"], c["causal"]
+    monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", c.get("walk", "0"))
+    q, k, v, dout = make_inputs(4, hq, hkv, sq, sk, head_dim, dtype, seed=41)
+    scale = 1 / math.sqrt(head_dim)
+    mask = None
+    if "mask" in c:  # a causal mask: bits tiles, full tiles and skipped ones
+        mask = causal_mask(sq, sk, "cuda")
+        if c["mask"] == "bias":
+            mask = torch.zeros(sq, sk, dtype=dtype, device="cuda").masked_fill(~mask, -65504.0)
+    ref_causal = causal or mask is not None
+    o64, lse64, rdq, rdk, rdv = reference(q, k, v, dout, ref_causal, scale)
+    if ref_causal and sq != sk:
+        out, lse = o64.to(dtype), lse64.float()
+    else:
+        out, lse = stock_forward(q, k, v, ref_causal, scale)
+    sdq, sdk, sdv = stock_backward(q, k, v, dout, ref_causal, scale)
+    args = (dout, q, k, v, out, lse, causal, scale, False, mask)
+
+    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "0")
+    one_tile = sdpa_backward(*args)
+    grid_one = main_kernel_grid(*args)
+    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "1")
+    poison_allocator(q, k, v)
+    persistent = sdpa_backward(*args)
+    grid_persistent = main_kernel_grid(*args)
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert grid_one > sms, f"{grid_one} tiles: the case does not give a CTA several tiles"
+    # d256 keeps its dK / dV tiles in the mainloop's shared memory (kInUnion), and GQA's fp32
+    # accumulators take it too: one CTA per tile there
+    capable = head_dim != 256 and case != "gqa-accum"
+    assert grid_persistent == (sms if capable else grid_one), (grid_persistent, grid_one)
+    for a, b, st, ref, name in zip(persistent, one_tile, (sdq, sdk, sdv), (rdq, rdk, rdv),
+                                   ("dq", "dk", "dv")):
+        assert_close_to_reference(a, st, ref, name)
+        torch.testing.assert_close(a, b, atol=2e-3 * max(b.abs().max().item(), 1e-3), rtol=1e-2,
+                                   msg=name)
+
+
+def test_persistent_back_to_back(monkeypatch):
+    """Persistent calls on different problems issued back to back without a sync, and with
+    programmatic launches: each result is the one-tile-per-CTA result of its problem."""
+    dtype = torch.bfloat16
+    need_variant(128, dtype)
+    problems = []
+    for i, (hq, s, causal) in enumerate([(16, 700, True), (16, 1000, False), (8, 1500, True)]):
+        q, k, v, dout = make_inputs(4, hq, hq, s, s, 128, dtype, seed=50 + i)
+        scale = 1 / math.sqrt(128)
+        out, lse = stock_forward(q, k, v, causal, scale)
+        problems.append((dout, q, k, v, out, lse, causal, scale, False, None))
+
+    def run_all():
+        results = [sdpa_backward(*p) for p in problems for _ in range(2)]
+        torch.cuda.synchronize()
+        return results
+
+    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "0")
+    want = run_all()
+    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "1")
+    for pdl in ("0", "1"):
+        monkeypatch.setenv("TORCH_SM90_SDPA_PDL", pdl)
+        for got, ref in zip(run_all(), want):
+            for a, b, name in zip(got, ref, ("dq", "dk", "dv")):
+                torch.testing.assert_close(a, b, atol=2e-3 * max(b.abs().max().item(), 1e-3),
+                                           rtol=1e-2, msg=f"pdl={pdl} {name}")
+
+
 @pytest.mark.parametrize("shape", [(0, 4, 4, 100, 100), (2, 4, 4, 0, 100), (2, 4, 4, 100, 0)],
                          ids=["batch0", "sq0", "sk0"])
 def test_empty(shape):

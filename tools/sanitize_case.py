@@ -2,8 +2,9 @@
     compute-sanitizer --tool racecheck python3 tools/sanitize_case.py
 MHA and GQA epilogues, both tile families, masked calls (bool and additive masks, with
 empty, partial and full tiles, broadcast over heads and batch), and the deterministic mode
-(its dQ turn counters; GQA's per-q-head dK / dV; a mask) on three of them, and a finite-fill
-bias (the score-bound pass of the classification). The GQA cases run twice: with one q head
+(its dQ turn counters; GQA's per-q-head dK / dV; a mask) on three of them, a finite-fill
+bias (the score-bound pass of the classification), and two calls of more tiles than SMs (with
+TORCH_SM90_SDPA_PERSISTENT=1 in the environment, CTAs that take several tiles). The GQA cases run twice: with one q head
 per CTA and with each CTA walking its group (TORCH_SM90_SDPA_GQA_WALK=1, read per call).
 Cases of head dims that were not built (TORCH_SM90_SDPA_HEAD_DIMS) are skipped and counted; the
 last line says how many ran (none ran: exit status 1, so an A/B build of other head dims cannot
@@ -28,6 +29,10 @@ CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal, mask, deterministic)
     (1, 2, 2, 200, 200, 128, True, None, True),
     (1, 4, 2, 130, 77, 64, False, None, True),
     (2, 4, 2, 260, 260, 64, False, "sliding-window bias [S,S]", True),
+    # more tiles than SMs: persistent CTAs (TORCH_SM90_SDPA_PERSISTENT=1) take several, with
+    # key blocks that see no query between them (causal, Sk > Sq)
+    (2, 16, 16, 700, 1100, 128, True, None, False),
+    (2, 16, 16, 1000, 1000, 64, False, "padding bool [B,1,S,S]", False),
 ]
 
 

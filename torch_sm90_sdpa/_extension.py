@@ -42,6 +42,8 @@ _DEFAULT_INFO = {
     "cutlass_version": None,
     "build_flags": None,
     "cuda_op": None,  # "c++" (the stable-ABI kernel), "python" (fallback) or None
+    # the main kernel's persistent CTAs when TORCH_SM90_SDPA_PERSISTENT is unset (from _C)
+    "persistent_by_default": None,
 }
 
 

@@ -43,12 +43,28 @@ struct BwdEpilogue {
   using Transposed = decltype(composition(L{}, make_layout(make_shape(Int<kHeadDim>{}, Int<kBlockN>{}),
                                                            make_stride(Int<kBlockN>{}, _1{}))));
 
+  // fp32 tiles (GQA's accumulators): in the mainloop's shared memory (a union with it), once
+  // the MMA warps are done with it
   struct TensorStorage {
     cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutdKVAccum>, 1024> smem_dk;
     cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutdKVAccum>, 1024> smem_dv;
   };
   static_assert(cute::cosize_v<SmemLayoutdKV> * sizeof(Element) <=
                 cute::cosize_v<SmemLayoutdKVAccum> * sizeof(ElementAccum));
+
+  // Tiles in the input dtype (MHA, a walked GQA group) go where the next tile's loads do not:
+  // both into the dQ staging tile, or dK into the dS buffers and dV into the dQ staging tile,
+  // whichever fits (kPlacement). Else (d256: 32 KB tiles, 16 KB of dS) into the union, and a
+  // CTA takes one tile only (BwdKernel::kPersistentCapable).
+  static constexpr int kTileBytes = kBlockN * kHeadDim * int(sizeof(Element));
+  static constexpr int kStagingBytes = cute::cosize_v<typename Mainloop::SmemLayoutdQ> * int(sizeof(ElementAccum));
+  static constexpr int kdSBytes = cute::cosize_v<typename Mainloop::SmemLayoutPdS> * int(sizeof(Element));
+  enum : int { kInUnion = 0, kBothInStaging = 1, kdKIndSdVInStaging = 2 };
+  static constexpr int kPlacement = kStagingBytes >= 2 * kTileBytes ? kBothInStaging
+                                    : (kStagingBytes >= kTileBytes && kdSBytes >= kTileBytes) ? kdKIndSdVInStaging
+                                                                                             : kInUnion;
+  static constexpr bool kTilesOutsideMainloop = kPlacement != kInUnion;
+  static_assert(kTileBytes % 1024 == 0, "a tile placed after another keeps the swizzle's 1 KB alignment");
 
   using ShapeQKV = typename Mainloop::ShapeQKV;
   using StrideQKV = typename Mainloop::StrideQKV;
@@ -166,26 +182,43 @@ struct BwdEpilogue {
     }
   }
 
-  // Called by every MMA thread (thread_idx in [0, kNumMmaThreads)).
+  // Called by every MMA thread (thread_idx in [0, kNumMmaThreads)) after the tile's mainloop.
+  // tile_valid: the tile saw a query (the mainloop handed dQ tiles to the writer warp).
   template <class SharedStorage, class FrgdKV>
   CUTE_DEVICE void store(Params const& params, FrgdKV const& tdKrdK, FrgdKV const& tdVrdV, SharedStorage& ss,
                          int thread_idx, int n_block, int bidh, int bidb, bool tile_valid) {
     // nothing to add (a per-q-head tile is stored even so: the postprocess reads every tile)
     if (params.gqa && !params.per_qhead && !tile_valid) { return; }
     int const bidh_kv = bidh / params.qhead_per_khead;
-    // Every warpgroup is done with the mainloop's shared memory, which the epilogue reuses.
+    // Every warpgroup is done with the mainloop's shared memory (the dS buffers, the union).
     named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
-    auto& st = ss.tensors.epilogue;
     if (!params.gqa) {  // MHA: dK * scale and dV in the input dtype, stored
-      store_tiles<Element, SmemLayoutdKV>(params.tma_store_dK, params.tma_store_dV,
-                                          reinterpret_cast<Element*>(st.smem_dk.data()),
-                                          reinterpret_cast<Element*>(st.smem_dv.data()), tdKrdK, tdVrdV,
+      Element* sk;
+      Element* sv;
+      if constexpr (kTilesOutsideMainloop) {
+        Element* staging = reinterpret_cast<Element*>(ss.dq.smem_dq.data());
+        sk = kPlacement == kBothInStaging ? staging : ss.tensors.mainloop.smem_ds.data();
+        sv = kPlacement == kBothInStaging ? staging + kTileBytes / int(sizeof(Element)) : staging;
+        // the dQ writer is done reading the staging tile (its arrival after the last reduce-add;
+        // the mainloop takes the first turn again at its next tile)
+        if (tile_valid) { named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty); }
+      } else {
+        sk = reinterpret_cast<Element*>(ss.tensors.epilogue.smem_dk.data());
+        sv = reinterpret_cast<Element*>(ss.tensors.epilogue.smem_dv.data());
+      }
+      store_tiles<Element, SmemLayoutdKV>(params.tma_store_dK, params.tma_store_dV, sk, sv, tdKrdK, tdVrdV,
                                           params.scale, params.shape_dKV, thread_idx, n_block, bidh_kv, bidb);
+      if constexpr (kTilesOutsideMainloop) {
+        // the stores have read the tiles: the next tile's dS and dQ may take the buffers
+        named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
+      }
     } else if (params.per_qhead) {  // deterministic GQA: unscaled fp32, this q head's tile
+      auto& st = ss.tensors.epilogue;
       store_tiles<float, SmemLayoutdKVAccum>(params.tma_store_dK_per_qhead, params.tma_store_dV_per_qhead,
                                              st.smem_dk.data(), st.smem_dv.data(), tdKrdK, tdVrdV, 1.f,
                                              params.shape_dKV, thread_idx, n_block, bidh, bidb);
     } else {  // GQA: unscaled fp32, added into the group's accumulators
+      auto& st = ss.tensors.epilogue;
       store_tiles<float, SmemLayoutdKVAccum>(params.tma_add_dK, params.tma_add_dV, st.smem_dk.data(),
                                              st.smem_dv.data(), tdKrdK, tdVrdV, 1.f, params.shape_dKV,
                                              thread_idx, n_block, bidh_kv, bidb);

@@ -1,6 +1,9 @@
-// The SM90 attention-backward kernel: warp-specialized roles over one (key block, head, batch)
-// tile. Warpgroup 0 is the producer (warp 0: TMA loads, warp 1: dQ reduce-add writer; it gives
-// registers away), warpgroups 1.. are the MMA consumers (they take the registers).
+// The SM90 attention-backward kernel: warp-specialized roles over (key block, head, batch)
+// tiles. Warpgroup 0 is the producer (warp 0: TMA loads, warp 1: dQ reduce-add writer; it gives
+// registers away), warpgroups 1.. are the MMA consumers (they take the registers). Every role
+// walks the CTA's tiles in the same order (for_each_tile): one tile, or, persistent, one tile
+// of each round of gridDim.x tiles (tile_scheduler.h); the pipelines' states carry over from
+// tile to tile, and the producer loads a tile's K / V once the MMA warps release the last.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -42,12 +45,17 @@ struct BwdKernel {
     typename Mainloop::dQStorage dq;
     struct PipelineStorage {
       alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_KV;
+      // the MMA warps are done reading a tile's K / V: the producer may load the next tile's
+      alignas(16) cutlass::arch::ClusterBarrier barrier_KV_empty;
       alignas(16) typename PipelineQ::SharedStorage pipeline_q;
       alignas(16) typename PipelinedO::SharedStorage pipeline_do;
     } pipelines;
   };
   static constexpr int kSharedStorageSize = sizeof(SharedStorage);
   static_assert(kSharedStorageSize <= 227 * 1024, "over the 227 KB of shared memory an SM90 CTA can have");
+  // A CTA may take several tiles only when the epilogue's shared memory is not the mainloop's
+  // (the producer loads the next tile's K, V, Q and dO while the epilogue runs).
+  static constexpr bool kPersistentCapable = Epilogue::kTilesOutsideMainloop;
 
   struct Params {
     typename Mainloop::Params mainloop;
@@ -72,6 +80,7 @@ struct BwdKernel {
       Mainloop::prefetch_tma_descriptors(params.mainloop);
       Epilogue::prefetch_tma_descriptors(params.epilogue);
       ss.pipelines.barrier_KV.init(1);
+      ss.pipelines.barrier_KV_empty.init(Mainloop::kNumMmaThreads);
     }
 
     using Category = typename PipelineQ::ThreadCategory;
@@ -94,10 +103,9 @@ struct BwdKernel {
     Epilogue epilogue;
     __syncthreads();  // barrier initialization visible to all
 
-    auto [n_block, head_group, bidb] = Scheduler::get_block(params.scheduler);
-    // the CTA's first q head: the scheduler counts groups of heads_per_cta q heads (1, or a
-    // GQA group walked by one CTA)
-    int const bidh = head_group * params.mainloop.heads_per_cta;
+    // kv_loads: the tiles whose K / V this CTA loaded so far (a tile that sees no query loads
+    // none), the phase of barrier_KV / barrier_KV_empty for the producer and the MMA warps alike
+    int kv_loads = 0;
 
     if (warp_group_idx == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
@@ -105,9 +113,14 @@ struct BwdKernel {
       if (role == WarpRole::kLoad) {
         auto write_q = cutlass::make_producer_start_state<PipelineQ>();
         auto write_do = cutlass::make_producer_start_state<PipelinedO>();
-        mainloop.load(params.mainloop, pipeline_q, pipeline_do, write_q, write_do, ss, n_block, bidh, bidb);
+        for_each_tile(params, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
+          mainloop.load(params.mainloop, pipeline_q, pipeline_do, write_q, write_do, ss, n_block, bidh, bidb,
+                        kv_loads);
+        });
       } else if (role == WarpRole::kStoredQ) {
-        mainloop.store_dq(params.mainloop, ss, n_block, bidh, bidb);
+        for_each_tile(params, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
+          mainloop.store_dq(params.mainloop, ss, n_block, bidh, bidb);
+        });
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
@@ -115,11 +128,36 @@ struct BwdKernel {
       typename Mainloop::PipelineStateQ read_q;
       typename Mainloop::PipelineStatedO read_do;
       typename Mainloop::TiledMmadKV tiled_mma_dKV;
-      Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
-      Tensor tdVrdV = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
-      bool const tile_valid = mainloop.mma(params.mainloop, pipeline_q, pipeline_do, read_q, read_do, tdKrdK,
-                                           tdVrdV, thread_idx, n_block, bidh, bidb, ss);
-      epilogue.store(params.epilogue, tdKrdK, tdVrdV, ss, thread_idx, n_block, bidh, bidb, tile_valid);
+      for_each_tile(params, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
+        Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
+        Tensor tdVrdV = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
+        bool const tile_valid = mainloop.mma(params.mainloop, pipeline_q, pipeline_do, read_q, read_do, tdKrdK,
+                                             tdVrdV, thread_idx, n_block, bidh, bidb, ss, kv_loads);
+        epilogue.store(params.epilogue, tdKrdK, tdVrdV, ss, thread_idx, n_block, bidh, bidb, tile_valid);
+      });
+    }
+  }
+
+  // Calls f(n_block, first q head, batch) for each of this CTA's tiles in order
+  // (Scheduler::tile_of_round): one tile, or persistent, one per round until they run out.
+  // The scheduler counts groups of heads_per_cta q heads (1, or a GQA group walked by one CTA).
+  // A variant that cannot be persistent has no tile loop at all: one around its MMA warps' code
+  // kept per-thread addresses live across it (d256: 356 B of spill).
+  template <class F>
+  CUTE_DEVICE static void for_each_tile(Params const& params, F&& f) {
+    auto run = [&](int tile) __attribute__((always_inline)) {
+      auto [n_block, head_group, bidb] = Scheduler::get_block(params.scheduler, tile);
+      f(n_block, head_group * params.mainloop.heads_per_cta, bidb);
+    };
+    if constexpr (!kPersistentCapable) {
+      run(static_cast<int>(blockIdx.x));
+    } else {
+      int const num_tiles = static_cast<int>(Scheduler::num_tiles(params.scheduler));
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int round = 0, tile = Scheduler::tile_of_round(0); tile < num_tiles;
+           tile = Scheduler::tile_of_round(++round)) {
+        run(tile);
+      }
     }
   }
 };

@@ -459,10 +459,13 @@ struct BwdMainloop {
   }
 
   // ---------------- producer warp ----------------
+  // One tile. kv_loads: the K / V loads of this CTA so far (one per tile that sees a query),
+  // counted here; from the second on, the load waits until the MMA warps are done with the
+  // previous tile's K / V (barrier_KV_empty), after this tile's first Q stage is issued.
   template <class SharedStorage>
   CUTE_DEVICE void load(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
                         PipelineStateQ& write_q, PipelineStatedO& write_do, SharedStorage& ss, int n_block,
-                        int bidh, int bidb) {
+                        int bidh, int bidb, int& kv_loads) {
     // The walk of a mask reads the classification's output (grid_dependency.h); without a
     // mask, K and V (inputs of the call, complete before the plainly launched preprocess
     // started: grid_dependency.h's invariant) are loaded before the wait.
@@ -501,11 +504,17 @@ struct BwdMainloop {
       return tma.get_slice(_0{}).partition_D(make_tensor(make_smem_ptr(stage_ptr), SmemLayoutRowStatBox{}));
     };
 
+    int const kv_load = kv_loads;
+    kv_loads = kv_load + 1;
     if (cute::elect_one_sync()) {
       using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
-      ss.pipelines.barrier_KV.arrive_and_expect_tx(2 * kTmaBytesK);
-      copy(params.tma_load_K.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tKgK, tKsK);
-      copy(params.tma_load_V.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tVgV, tVsV);
+      auto load_kv = [&] {
+        if (kv_load > 0) { ss.pipelines.barrier_KV_empty.wait((kv_load - 1) & 1); }
+        ss.pipelines.barrier_KV.arrive_and_expect_tx(2 * kTmaBytesK);
+        copy(params.tma_load_K.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tKgK, tKsK);
+        copy(params.tma_load_V.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tVgV, tVsV);
+      };
+      if (kv_load == 0) { load_kv(); }  // the CTA's first tile: nothing to wait for
       wait_for_prior_grid();  // lse_log2 and dpsum come from the preprocess
       // The q heads of this CTA (heads_per_cta > 1: a GQA group, each walking the same
       // m-blocks: no mask, or one shared by the heads), one after the other through the same
@@ -568,6 +577,9 @@ struct BwdMainloop {
           ++write_do;
         };
         load_q(m_first);
+        // a later tile: its K / V once the MMA warps are done with the previous tile's (its
+        // first Q is on the way meanwhile)
+        if (kv_load > 0 && h == bidh) { load_kv(); }
         int m = m_first;
         CUTLASS_PRAGMA_NO_UNROLL
         for (int m_next = following_m_block(params, classes, m, m_min, m_max); m_next >= 0;
@@ -661,7 +673,8 @@ struct BwdMainloop {
   template <class SharedStorage, class FrgdKV>
   CUTE_DEVICE bool mma(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
                        PipelineStateQ& read_q, PipelineStatedO& read_do, FrgdKV& tdKrdK, FrgdKV& tdVrdV,
-                       int thread_idx, int n_block, int bidh, int bidb, SharedStorage& ss) {
+                       int thread_idx, int n_block, int bidh, int bidb, SharedStorage& ss,
+                       int& kv_loads) {
     // a mask's tile classes; GQA's dk_accum / dv_accum, zeroed by the preprocess, in the
     // epilogue (grid_dependency.h)
     wait_for_prior_grid();
@@ -716,8 +729,10 @@ struct BwdMainloop {
     float const scale_log2 = params.scale_log2;
     int const n_block_end = (n_block + 1) * kBlockN;
 
-    // K_j and V_j.
-    ss.pipelines.barrier_KV.wait(0);
+    // K_j and V_j (this CTA's kv_load-th load, load's count)
+    int const kv_load = kv_loads;
+    kv_loads = kv_load + 1;
+    ss.pipelines.barrier_KV.wait(kv_load & 1);
 
     // ---- the steps of one m-block (bwd_step below chains them) ----
     // Per-iteration operand descriptors and per-thread smem addresses are rebuilt inside the
@@ -1075,6 +1090,8 @@ struct BwdMainloop {
     if constexpr (kDeferLastdQSlice) {
       if (dq_pending) { hand_dq_to_writer(tdQrdQ_pending); }  // the last m-block's
     }
+    // every wgmma of the tile has completed (each step ends waiting for them): K and V are free
+    ss.pipelines.barrier_KV_empty.arrive();
     warpgroup_fence_operand(tdKrdK);
     warpgroup_fence_operand(tdVrdV);
     return true;

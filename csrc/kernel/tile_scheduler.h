@@ -1,5 +1,8 @@
-// Work assignment of the main backward kernel: one CTA per (key block, q head, batch).
-// The product goes into gridDim.x (B*H may exceed gridDim.y/z's 65535).
+// Work assignment of the main backward kernel: tiles of one (key block, q head, batch) each.
+// One CTA per tile, or (persistent) one CTA per SM taking a tile of each round of gridDim.x
+// consecutive tiles in turn (tile_of_round): the order of the tiles is the same, a round runs
+// what one wave of one-tile CTAs would. The tile count goes into gridDim.x (B*H may exceed
+// gridDim.y/z's 65535).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -27,17 +30,33 @@ struct SingleTileScheduler {
     bool reverse_n;  // key blocks last to first (deterministic kKeysDescending; n_block_major)
   };
 
-  static dim3 grid_shape(Params const& p) {
-    return dim3(static_cast<unsigned>(int64_t(p.num_n_blocks) * p.num_heads * p.num_batch), 1, 1);
+  CUTE_HOST_DEVICE static int64_t num_tiles(Params const& p) {
+    return int64_t(p.num_n_blocks) * p.num_heads * p.num_batch;
   }
 
-  // (n_block, head group, batch)
-  CUTE_DEVICE static cute::tuple<int, int, int> get_block(Params const& p) {
-    int const bid = static_cast<int>(blockIdx.x);
+  // max_ctas > 0 (persistent): at most that many CTAs, each walking tiles in turn.
+  static dim3 grid_shape(Params const& p, int max_ctas = 0) {
+    int64_t ctas = num_tiles(p);
+    if (max_ctas > 0 && ctas > max_ctas) { ctas = max_ctas; }
+    return dim3(static_cast<unsigned>(ctas), 1, 1);
+  }
+
+  // This CTA's tile of round r (>= num_tiles: none; then no later round has one either). The
+  // rounds are dealt in alternating directions: tiles come heaviest first under causal
+  // attention (key block major), and a CTA that took a round's heaviest tile takes the next
+  // round's lightest, which evens out the CTAs' total work as the hardware's dispatch of
+  // one-tile CTAs to the first free SM does.
+  CUTE_DEVICE static int tile_of_round(int r) {
+    int const ctas = static_cast<int>(gridDim.x), cta = static_cast<int>(blockIdx.x);
+    return r * ctas + ((r & 1) ? ctas - 1 - cta : cta);
+  }
+
+  // (n_block, head group, batch) of tile `tile`
+  CUTE_DEVICE static cute::tuple<int, int, int> get_block(Params const& p, int tile) {
     int const total_heads = p.num_heads * p.num_batch;
     int const blocks_per_section = p.num_n_blocks * p.heads_per_section;
-    int const section = bid / blocks_per_section;
-    int const idx = bid - section * blocks_per_section;
+    int const section = tile / blocks_per_section;
+    int const idx = tile - section * blocks_per_section;
     int const head0 = section * p.heads_per_section;
     int const heads_here = min(p.heads_per_section, total_heads - head0);
     int n_block, head_in_section;
