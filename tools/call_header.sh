@@ -14,7 +14,7 @@
 #                   test only), its result stamped, the build's prebuilt/ copied to OUTD (for
 #                   PREBUILT=1 in a later call), then PYTHONPATH set
 OUTD=${1:?usage: $0 OUTDIR}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # (this file is in tools/)
 cd "$ROOT"
 export PYTHONUNBUFFERED=1 GIT_COMMIT=${GIT_COMMIT:-unknown}
 t0=$(date +%s)
