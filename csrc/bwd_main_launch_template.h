@@ -122,7 +122,7 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   bool const reverse_n = p.deterministic && p.deterministic_order == DeterministicOrder::kKeysDescending;
   typename Scheduler::Params sched{num_n_blocks, p.heads_q / heads_per_cta, p.batch,
                                    static_cast<int>(std::min<int64_t>(hps, total_heads)), n_block_major,
-                                   reverse_n};
+                                   reverse_n, p.tile_counter};
 
   typename Kernel::Params kparams{Mainloop::to_params(p), Epilogue::to_params(p), sched};
 
@@ -133,7 +133,7 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   // Not for GQA's fp32 dK / dV accumulators (their tiles take the mainloop's shared memory)
   // nor in deterministic mode (its turns are laid out for one CTA per tile).
   bool const persistent = p.persistent && Kernel::kPersistentCapable && !dkv_accum && !p.deterministic &&
-                          p.num_sms > 0;
+                          p.num_sms > 0 && p.tile_counter != nullptr;
   dim3 const grid = Scheduler::grid_shape(sched, persistent ? p.num_sms : 0);
   // programmatic: the kernel starts while the preprocess (or the classification) drains
   detail::check_cuda(launch_kernel(kernel_fn, grid, dim3(Kernel::kNumThreads), smem_size, stream,

@@ -145,6 +145,9 @@ struct BwdParams {
   // Deterministic mode only, else nullptr; zeroed by run() before the main kernel:
   // [B, Hq, num_m_blocks], the number of dQ tiles already added to each m-block.
   int* dq_semaphore = nullptr;
+  // One int32, zeroed by the preprocess: the tiles persistent CTAs of the main kernel have
+  // taken beyond their first (BwdParams::persistent; null: no persistent CTAs).
+  int* tile_counter = nullptr;
 
   // ---- outputs, in the input dtype, any strides with a contiguous last dim ----
   void* dq = nullptr;  // [B, Hq, Sq, D]

@@ -95,6 +95,7 @@ struct PreArgs {
   float* lse_log2;
   float* dq_accum;
   float* dk_accum;  // may be null (then chunks_kv == 0)
+  int* tile_counter;  // zeroed (the main kernel's persistent CTAs), may be null
   float* dv_accum;
   int heads_q, seqlen_q, seqlen_q_rounded, seqlen_k_rounded, head_dim, head_dim_v;
   int64_t chunks_q;   // B * Hq * ceil(Sq_rounded / kChunkRows)
@@ -122,6 +123,7 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreArgs 
   static_assert(kThreads == mask_bounds::kBoundsThreads, "a bounds CTA is a preprocess CTA");
   // the main kernel may start on the SMs this launch leaves free (grid_dependency.h)
   allow_dependent_grids();
+  if (blockIdx.x == 0 && threadIdx.x == 0 && a.tile_counter != nullptr) { *a.tile_counter = 0; }
   int block = blockIdx.x, blocks = gridDim.x;
   if constexpr (kBounds) {
     if (block < a.bounds_ctas) {
@@ -359,6 +361,7 @@ void run_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   a.dq_accum = p.dq_accum;
   a.dk_accum = p.dk_accum;
   a.dv_accum = p.dv_accum;
+  a.tile_counter = p.tile_counter;
   a.heads_q = p.heads_q;
   a.seqlen_q = p.seqlen_q;
   a.seqlen_q_rounded = p.seqlen_q_rounded;

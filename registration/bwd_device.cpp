@@ -372,6 +372,8 @@ WorkspaceLayout workspace_layout(const BwdProblem& p) {
     const int bm = tile_block_m(p.head_dim);
     if (bm > 0) o += round_up(4 * int64_t(p.batch) * p.heads_q * ((p.seqlen_q + bm - 1) / bm), 16);
   }
+  w.tile_counter = o;
+  o += 16;
   w.bytes = o;
   return w;
 }
@@ -496,6 +498,7 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   if (p.deterministic && base != nullptr) {
     n.dq_semaphore = reinterpret_cast<int*>(base + w.dq_semaphore);
   }
+  if (base != nullptr) n.tile_counter = reinterpret_cast<int*>(base + w.tile_counter);
   return n;
 }
 

@@ -92,13 +92,15 @@ bool tma_addressable(const OperandLayout& layout, int elem_bytes, int batch, int
 //   [mask_batch, mask_heads, n_blocks, 2], the visibility bits of partial tiles (tile_m * tile_n
 //   / 8 bytes per tile, every tile has room) and, additive masks, the fp32 score bounds of the
 //   classification [mask_batch, mask_heads, 2 * m_blocks + n_blocks]; deterministic, the int32
-//   turn semaphores dq_semaphore [B, Hq, m_blocks] (run() zeroes them).
+//   turn semaphores dq_semaphore [B, Hq, m_blocks] (run() zeroes them); last, the int32
+//   tile_counter of persistent CTAs (16 bytes; the preprocess zeroes it).
 struct WorkspaceLayout {
   int64_t dq_accum = 0, dk_accum = 0, dv_accum = 0, dpsum = 0, lse_log2 = 0, tile_class = 0;
   int64_t tile_m_range = 0;  // masks: the non-empty m-block range per n-block (BwdParams)
   int64_t tile_bits = 0;     // masks: partial tiles as visibility bits (BwdParams)
   int64_t score_bounds = 0;  // additive masks: q_norm_max, lse_min, k_norm_max (BwdParams)
   int64_t dq_semaphore = 0;
+  int64_t tile_counter = 0;
   int64_t bytes = 0;
   bool gqa = false;       // dk_accum / dv_accum are laid out (GQA, heads_per_cta == 1)
   int heads_per_cta = 1;  // BwdParams::heads_per_cta of this problem (gqa_heads_per_cta)
@@ -136,7 +138,7 @@ int gqa_heads_per_cta(const BwdProblem& problem);
 // Whether the main kernel runs persistent CTAs (BwdParams::persistent: one CTA per SM, each
 // taking tiles in turn, where the variant and the call allow it) when
 // TORCH_SM90_SDPA_PERSISTENT (read per call: 1 on, 0 off) does not say.
-constexpr bool kPersistentByDefault = false;
+constexpr bool kPersistentByDefault = true;
 
 // Deterministic mode: the order the kernels add dQ tiles in (DeterministicOrder in
 // bwd_params.h), chosen per problem; TORCH_SM90_SDPA_DETERMINISTIC_ORDER=ascending|descending

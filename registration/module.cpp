@@ -274,6 +274,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("tile_bits", &dev::WorkspaceLayout::tile_bits)
       .def_readonly("score_bounds", &dev::WorkspaceLayout::score_bounds)
       .def_readonly("dq_semaphore", &dev::WorkspaceLayout::dq_semaphore)
+      .def_readonly("tile_counter", &dev::WorkspaceLayout::tile_counter)
       .def_readonly("bytes", &dev::WorkspaceLayout::bytes)
       .def_readonly("gqa", &dev::WorkspaceLayout::gqa)
       .def_readonly("heads_per_cta", &dev::WorkspaceLayout::heads_per_cta);
@@ -328,6 +329,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("mask_kind", [](const BwdParams& p) { return static_cast<int>(p.mask_kind); })
       .def_property_readonly("tile_class", [](const BwdParams& p) { return ptr_to_int(p.tile_class); })
       .def_property_readonly("dq_semaphore", [](const BwdParams& p) { return ptr_to_int(p.dq_semaphore); })
+      .def_property_readonly("tile_counter", [](const BwdParams& p) { return ptr_to_int(p.tile_counter); })
       .def_property_readonly("deterministic_order", [](const BwdParams& p) {
         return p.deterministic_order == sm90_sdpa::DeterministicOrder::kKeysAscending ? "ascending" : "descending";
       })

@@ -293,7 +293,9 @@ def test_make_params_fills_every_field():
     spans = sorted((t.data_ptr(), t.data_ptr() + 4 * t.numel())
                    for t in (ws.dq_accum, ws.dk_accum, ws.dv_accum, ws.dpsum, ws.lse_log2))
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
-    assert spans[-1][1] - spans[0][0] == 4 * ws.buffer.numel()
+    # (the persistent CTAs' tile counter, 16 bytes, ends the allocation)
+    assert spans[-1][1] - spans[0][0] == 4 * ws.buffer.numel() - 16
+    assert p.tile_counter == ws.buffer.data_ptr() + 4 * ws.buffer.numel() - 16
 
 
 @needs_C
@@ -304,7 +306,8 @@ def test_workspace_layout_mha_has_no_kv_accumulators():
     sqr = 256
     assert not w.gqa and w.dk_accum == w.dv_accum == w.dpsum
     assert w.dpsum == 4 * 2 * 4 * sqr * 64 and w.lse_log2 == w.dpsum + 4 * 2 * 4 * sqr
-    assert w.bytes == w.lse_log2 + 4 * 2 * 4 * sqr
+    # last, the persistent CTAs' tile counter (16 bytes)
+    assert w.tile_counter == w.lse_log2 + 4 * 2 * 4 * sqr and w.bytes == w.tile_counter + 16
 
 
 @needs_C
@@ -449,11 +452,12 @@ def test_deterministic_workspace_and_order(heads_kv, monkeypatch):
     block_m = gen.TILES[d].block_m
     m_blocks = -(-sq // block_m)
     assert w.dq_semaphore == w.tile_class
-    assert w.bytes == w.dq_semaphore + -(-4 * b * hq * m_blocks // 16) * 16
+    assert w.tile_counter == w.dq_semaphore + -(-4 * b * hq * m_blocks // 16) * 16
+    assert w.bytes == w.tile_counter + 16
     kv_factor = hq if heads_kv != hq else 0  # accumulators only for GQA, per q head
     skr = -(-sk // 128) * 128
     assert w.dv_accum - w.dk_accum == 4 * b * kv_factor * skr * d
-    assert default.bytes == default.tile_class < w.bytes
+    assert default.tile_counter == default.tile_class and default.bytes == default.tile_counter + 16 < w.bytes
     p, ws = cb.make_params(dout, q, k, v, out, lse, False, 1.0, True)
     assert p.deterministic and p.dq_semaphore != 0
     assert p.deterministic_order == ("ascending" if heads_kv != hq else "descending")

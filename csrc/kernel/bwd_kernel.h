@@ -1,9 +1,10 @@
 // The SM90 attention-backward kernel: warp-specialized roles over (key block, head, batch)
 // tiles. Warpgroup 0 is the producer (warp 0: TMA loads, warp 1: dQ reduce-add writer; it gives
 // registers away), warpgroups 1.. are the MMA consumers (they take the registers). Every role
-// walks the CTA's tiles in the same order (for_each_tile): one tile, or, persistent, one tile
-// of each round of gridDim.x tiles (tile_scheduler.h); the pipelines' states carry over from
-// tile to tile, and the producer loads a tile's K / V once the MMA warps release the last.
+// walks the CTA's tiles in the same order: one tile, or, persistent, the tiles the producer
+// warp takes from the scheduler's counter and hands on (produce_tiles / consume_tiles); the
+// pipelines' states carry over from tile to tile, and the producer loads a tile's K / V once
+// the MMA warps release the last tile's.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -47,6 +48,11 @@ struct BwdKernel {
       alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_KV;
       // the MMA warps are done reading a tile's K / V: the producer may load the next tile's
       alignas(16) cutlass::arch::ClusterBarrier barrier_KV_empty;
+      // persistent CTAs: the producer hands each tile index to the dQ writer and the MMA warps
+      // through two slots (full: written; empty: read by all of them)
+      alignas(16) cutlass::arch::ClusterBarrier tile_full[2];
+      alignas(16) cutlass::arch::ClusterBarrier tile_empty[2];
+      int tile_slot[2];
       alignas(16) typename PipelineQ::SharedStorage pipeline_q;
       alignas(16) typename PipelinedO::SharedStorage pipeline_do;
     } pipelines;
@@ -56,6 +62,8 @@ struct BwdKernel {
   // A CTA may take several tiles only when the epilogue's shared memory is not the mainloop's
   // (the producer loads the next tile's K, V, Q and dO while the epilogue runs).
   static constexpr bool kPersistentCapable = Epilogue::kTilesOutsideMainloop;
+  // the threads that read each tile index the producer hands on: the dQ writer warp, the MMA warps
+  static constexpr int kTileReaders = cutlass::NumThreadsPerWarp + Mainloop::kNumMmaThreads;
 
   struct Params {
     typename Mainloop::Params mainloop;
@@ -81,6 +89,10 @@ struct BwdKernel {
       Epilogue::prefetch_tma_descriptors(params.epilogue);
       ss.pipelines.barrier_KV.init(1);
       ss.pipelines.barrier_KV_empty.init(Mainloop::kNumMmaThreads);
+      for (int i = 0; i < 2; ++i) {
+        ss.pipelines.tile_full[i].init(1);
+        ss.pipelines.tile_empty[i].init(kTileReaders);
+      }
     }
 
     using Category = typename PipelineQ::ThreadCategory;
@@ -113,12 +125,12 @@ struct BwdKernel {
       if (role == WarpRole::kLoad) {
         auto write_q = cutlass::make_producer_start_state<PipelineQ>();
         auto write_do = cutlass::make_producer_start_state<PipelinedO>();
-        for_each_tile(params, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
+        produce_tiles(params, ss, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
           mainloop.load(params.mainloop, pipeline_q, pipeline_do, write_q, write_do, ss, n_block, bidh, bidb,
                         kv_loads);
         });
       } else if (role == WarpRole::kStoredQ) {
-        for_each_tile(params, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
+        consume_tiles(params, ss, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
           mainloop.store_dq(params.mainloop, ss, n_block, bidh, bidb);
         });
       }
@@ -128,7 +140,7 @@ struct BwdKernel {
       typename Mainloop::PipelineStateQ read_q;
       typename Mainloop::PipelineStatedO read_do;
       typename Mainloop::TiledMmadKV tiled_mma_dKV;
-      for_each_tile(params, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
+      consume_tiles(params, ss, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
         Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
         Tensor tdVrdV = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
         bool const tile_valid = mainloop.mma(params.mainloop, pipeline_q, pipeline_do, read_q, read_do, tdKrdK,
@@ -138,25 +150,65 @@ struct BwdKernel {
     }
   }
 
-  // Calls f(n_block, first q head, batch) for each of this CTA's tiles in order
-  // (Scheduler::tile_of_round): one tile, or persistent, one per round until they run out.
-  // The scheduler counts groups of heads_per_cta q heads (1, or a GQA group walked by one CTA).
-  // A variant that cannot be persistent has no tile loop at all: one around its MMA warps' code
-  // kept per-thread addresses live across it (d256: 356 B of spill).
+  // ---- the CTA's tiles ----
+  // f(n_block, first q head, batch) of a tile: the scheduler counts groups of heads_per_cta q
+  // heads (1, or a GQA group walked by one CTA).
   template <class F>
-  CUTE_DEVICE static void for_each_tile(Params const& params, F&& f) {
-    auto run = [&](int tile) __attribute__((always_inline)) {
-      auto [n_block, head_group, bidb] = Scheduler::get_block(params.scheduler, tile);
-      f(n_block, head_group * params.mainloop.heads_per_cta, bidb);
-    };
+  CUTE_DEVICE static void run_tile(Params const& params, int tile, F& f) {
+    auto [n_block, head_group, bidb] = Scheduler::get_block(params.scheduler, tile);
+    f(n_block, head_group * params.mainloop.heads_per_cta, bidb);
+  }
+
+  // The producer warp: tile blockIdx.x, then (persistent: fewer CTAs than tiles) the next tile
+  // from the scheduler's counter each time it is done issuing a tile's loads, until the tiles
+  // run out; each index (and last, one past the tiles: the end) goes to the two-slot ring
+  // before the tile's loads. A variant that cannot be persistent has no tile loop at all: one
+  // around its MMA warps' code kept per-thread addresses live across it (d256: 356 B of spill).
+  template <class F>
+  CUTE_DEVICE static void produce_tiles(Params const& params, SharedStorage& ss, F&& f) {
     if constexpr (!kPersistentCapable) {
-      run(static_cast<int>(blockIdx.x));
+      run_tile(params, static_cast<int>(blockIdx.x), f);
+    } else {
+      int const num_tiles = static_cast<int>(Scheduler::num_tiles(params.scheduler));
+      bool const persistent = static_cast<int>(gridDim.x) < num_tiles;
+      int tile = static_cast<int>(blockIdx.x);
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int i = 0;; ++i) {
+        int const slot = i & 1;
+        if (i >= 2) { ss.pipelines.tile_empty[slot].wait(((i >> 1) - 1) & 1); }  // read i - 2
+        if (cute::elect_one_sync()) {
+          ss.pipelines.tile_slot[slot] = tile;
+          ss.pipelines.tile_full[slot].arrive();
+        }
+        __syncwarp();
+        if (tile >= num_tiles) { break; }
+        run_tile(params, tile, f);
+        int next = num_tiles;
+        if (persistent) {
+          __syncwarp();
+          if (cutlass::canonical_lane_idx() == 0) { next = atomicAdd(params.scheduler.tile_counter, 1) + int(gridDim.x); }
+          next = __shfl_sync(0xffffffffu, next, 0);
+        }
+        tile = next;
+      }
+    }
+  }
+
+  // The dQ writer warp and the MMA warps: the tiles the producer hands on, in its order.
+  template <class F>
+  CUTE_DEVICE static void consume_tiles(Params const& params, SharedStorage& ss, F&& f) {
+    if constexpr (!kPersistentCapable) {
+      run_tile(params, static_cast<int>(blockIdx.x), f);
     } else {
       int const num_tiles = static_cast<int>(Scheduler::num_tiles(params.scheduler));
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int round = 0, tile = Scheduler::tile_of_round(0); tile < num_tiles;
-           tile = Scheduler::tile_of_round(++round)) {
-        run(tile);
+      for (int i = 0;; ++i) {
+        int const slot = i & 1;
+        ss.pipelines.tile_full[slot].wait((i >> 1) & 1);
+        int const tile = ss.pipelines.tile_slot[slot];
+        ss.pipelines.tile_empty[slot].arrive();
+        if (tile >= num_tiles) { break; }
+        run_tile(params, tile, f);
       }
     }
   }

@@ -1,8 +1,8 @@
-// Work assignment of the main backward kernel: tiles of one (key block, q head, batch) each.
-// One CTA per tile, or (persistent) one CTA per SM taking a tile of each round of gridDim.x
-// consecutive tiles in turn (tile_of_round): the order of the tiles is the same, a round runs
-// what one wave of one-tile CTAs would. The tile count goes into gridDim.x (B*H may exceed
-// gridDim.y/z's 65535).
+// Work assignment of the main backward kernel: tiles of one (key block, q head, batch) each,
+// in the order below. One CTA per tile (gridDim.x = the tile count; B*H may exceed
+// gridDim.y/z's 65535), or persistent: one CTA per SM, each taking the next tile of that order
+// from a counter in global memory when it starts loading one (BwdKernel::produce_tiles), as
+// the hardware hands a one-tile CTA to the first SM that frees up.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -28,27 +28,20 @@ struct SingleTileScheduler {
     int heads_per_section;  // >= 1
     bool n_block_major;
     bool reverse_n;  // key blocks last to first (deterministic kKeysDescending; n_block_major)
+    // persistent CTAs: the tiles handed out so far beyond the first gridDim.x (BwdParams::
+    // tile_counter, zeroed by the preprocess)
+    int* tile_counter;
   };
 
   CUTE_HOST_DEVICE static int64_t num_tiles(Params const& p) {
     return int64_t(p.num_n_blocks) * p.num_heads * p.num_batch;
   }
 
-  // max_ctas > 0 (persistent): at most that many CTAs, each walking tiles in turn.
+  // max_ctas > 0 (persistent): at most that many CTAs, each taking tiles in turn.
   static dim3 grid_shape(Params const& p, int max_ctas = 0) {
     int64_t ctas = num_tiles(p);
     if (max_ctas > 0 && ctas > max_ctas) { ctas = max_ctas; }
     return dim3(static_cast<unsigned>(ctas), 1, 1);
-  }
-
-  // This CTA's tile of round r (>= num_tiles: none; then no later round has one either). The
-  // rounds are dealt in alternating directions: tiles come heaviest first under causal
-  // attention (key block major), and a CTA that took a round's heaviest tile takes the next
-  // round's lightest, which evens out the CTAs' total work as the hardware's dispatch of
-  // one-tile CTAs to the first free SM does.
-  CUTE_DEVICE static int tile_of_round(int r) {
-    int const ctas = static_cast<int>(gridDim.x), cta = static_cast<int>(blockIdx.x);
-    return r * ctas + ((r & 1) ? ctas - 1 - cta : cta);
   }
 
   // (n_block, head group, batch) of tile `tile`
