@@ -17,7 +17,7 @@ source "$(dirname "$0")/call_header.sh" "$@"
 build_all /tmp/landing_logs
 
 python3 benchmarks/bench_bwd.py ${BENCH_ARGS:---extra} --json "$OUTD/bench_bwd_full.json" > "$LOGS/bench_bwd.txt" 2>&1
-stamp "bench_bwd ${BENCH_ARGS:---extra}: exit $?, $(grep 'ours / cudnn' "$LOGS/bench_bwd.txt" | tail -n 1)$(grep -E 'ours / dropin|public paths|paths agree' "$LOGS/bench_bwd.txt" | sed 's/^/; /' | tr -d '\n')"
+stamp "bench_bwd ${BENCH_ARGS:---extra}: exit $?, $(grep 'ours / cudnn' "$LOGS/bench_bwd.txt" | tail -n 1)$(grep -E 'ours / (dropin|ours_env)|public paths|paths agree' "$LOGS/bench_bwd.txt" | sed 's/^/; /' | tr -d '\n')"
 
 python3 benchmarks/profile_bwd.py ${PROFILE_ARGS:---b 8 --h 8 --kv-heads 2 --s 2048 --d 256 --reps 10} \
   > "$LOGS/profile_bwd.txt" 2>&1
