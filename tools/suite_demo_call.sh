@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call on a prebuilt extension (build/carry: a call's prebuilt/, the .so gunzipped):
+# the GPU suite verbose (each test's outcome printed as it ends, so a cut run still names its
+# failures), then the compiled 8-block GPT demo with the default enable() (issue 8's step
+# ratio).
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/suite_demo_call.sh "$OUT"
+#   (carry .whl and build/carry). About 7 minutes: suite 260 s, demo 100 s.
+set -uo pipefail
+source "$(dirname "$0")/call_header.sh" "$@"
+use_prebuilt
+timeout ${SUITE_TIMEOUT_S:-280} python3 -m pytest -n 8 -v -rfE -p no:cacheprovider tests > /tmp/suite.txt 2>&1
+stamp "GPU suite: exit $?, $(tail -n 1 /tmp/suite.txt)"
+grep -E "FAILED|ERROR|XPASS" /tmp/suite.txt | head -n 40 > "$OUTD/suite_failures.txt"
+grep -c PASSED /tmp/suite.txt | sed 's/^/passed lines: /' >> "$OUTD/suite_failures.txt"
+sed -n '/= FAILURES =/,$p' /tmp/suite.txt | head -c 60000 > "$OUTD/suite_failure_details.txt"
+timeout 160 python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
+  --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster > "$OUTD/demo.txt" 2>&1
+stamp "demo --only-faster: exit $?, $(grep 'step speedup\|no attention backward' "$OUTD/demo.txt")"
+cat "$OUTD/suite_failures.txt"
+grep -E "replaced|kept stock|speed|step |routing_stats" "$OUTD/demo.txt"
+cat "$OUTD/summary.txt"
