@@ -411,7 +411,7 @@ def test_make_params_reads_the_persistent_switch(monkeypatch):
     lse = torch.randn(1, 2, 70)
     monkeypatch.delenv("TORCH_SM90_SDPA_PERSISTENT", raising=False)
     default = cb.make_params(q, q, q, q, q, lse)[0].persistent
-    assert default == torch_sm90_sdpa.build_info()["persistent_by_default"]
+    assert default == _extension.build_info()["persistent_by_default"]
     monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "1")
     assert cb.make_params(q, q, q, q, q, lse)[0].persistent
     monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "0")
