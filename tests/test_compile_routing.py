@@ -1072,25 +1072,28 @@ class TestSpeedGate(unittest.TestCase):
     def setUp(self):
         _fake_sm90(self)
 
-    def call(self, d, s, backend, causal=True):
+    def call(self, d, s, backend, causal=True, kv_heads=4):
         b, h = 1, 4
         t = policy.TensorSpec((b, h, s, d), torch.bfloat16, "cuda:0", strides=(s * h * d, d, h * d, 1))
+        kv = policy.TensorSpec((b, kv_heads, s, d), torch.bfloat16, "cuda:0",
+                               strides=(s * kv_heads * d, d, kv_heads * d, 1))
         lse_shape = {"cudnn": (b, h, s, 1), "efficient": (b, h, (s + 31) // 32 * 32)}.get(backend, (b, h, s))
         lse = policy.TensorSpec(lse_shape, torch.float32, "cuda:0")
-        return policy.AttentionBackwardCall(backend=backend, grad_out=t, q=t, k=t, v=t, out=t,
+        return policy.AttentionBackwardCall(backend=backend, grad_out=t, q=t, k=kv, v=kv, out=t,
                                             lse=lse, is_causal=causal)
 
     def test_cudnn_kept_where_it_is_faster(self):
-        # (the shipped table, bench_bwd --extra runs of 9e68b21 (two), e7920d1 and 71bbd29, each
-        # row's slowest: d128 full under 1.01x of cuDNN at 512 and 4097 keys (so 4097..8191
-        # stays too, up to the next measured length, 8k), d128 is_causal under it at 512, 1000
-        # and 4096 keys, d256 is_causal under 1.00x from 2k to 16k keys, d96 / d192 measured
-        # from 2k keys only)
+        # (the shipped table: bench_bwd --extra runs of nine commits, each row's slowest; the
+        # twenty-second session's two added d128 rows under 1.01x of cuDNN at 512, 1000, 2048,
+        # 4097 and 8192 keys full and at 512-4096 keys is_causal, so for these MHA calls only
+        # 1024, 4096 and from 16k (full), from 4097 (is_causal) pass; d256 is_causal passes at
+        # 1k keys only, d96 / d192 were measured from 2k keys only)
         for d, s, causal in [(128, 512, False), (128, 4097, False), (128, 6000, False),
-                             (128, 4096, True), (128, 1000, True), (128, 512, True),
-                             (128, 3000, True), (256, 8192, True), (256, 16384, True),
-                             (256, 2048, True), (96, 1024, True),
-                             (192, 1024, False), (64, 256, True)]:
+                             (128, 2048, False), (128, 8192, False), (128, 4096, True),
+                             (128, 1000, True), (128, 512, True), (128, 3000, True),
+                             (128, 2048, True), (256, 8192, True),
+                             (256, 16384, True), (256, 2048, True), (256, 512, True),
+                             (96, 1024, True), (192, 1024, False), (64, 256, True)]:
             decision = policy.faster_than_stock(self.call(d, s, "cudnn", causal))
             self.assertEqual(decision.reason, policy.R_SLOWER, (d, s, causal))
             self.assertIn("causal" if causal else "full", decision.detail)
@@ -1099,16 +1102,32 @@ class TestSpeedGate(unittest.TestCase):
             self.assertEqual(policy.decide(call).reason, policy.R_SLOWER)
             self.assertTrue(policy.decide(call, only_faster=False))
 
+    def test_gqa_calls_keep_the_gqa_rows_mha_calls_do_not(self):
+        # d128 is_causal at 8k keys: the MHA row passes in every run, the GQA rows (the MQA one
+        # at 0.98-0.99x) do not, so an MHA call there is routed and a GQA call is not; at 16k
+        # (no GQA row) both follow the MHA row
+        self.assertTrue(policy.faster_than_stock(self.call(128, 8192, "cudnn", True, kv_heads=4)))
+        for kv_heads in (2, 1):
+            decision = policy.faster_than_stock(self.call(128, 8192, "cudnn", True, kv_heads=kv_heads))
+            self.assertEqual(decision.reason, policy.R_SLOWER, kv_heads)
+            self.assertIn("GQA", decision.detail)
+            self.assertTrue(policy.faster_than_stock(self.call(128, 16384, "cudnn", True, kv_heads=kv_heads)))
+        self.assertIn("MHA", policy.faster_than_stock(self.call(128, 512, "cudnn", True)).detail)
+        for case in ("causal", "full"):
+            self.assertEqual(policy.MHA_FASTER_THAN_CUDNN_LENGTHS[case],
+                             policy.routed_lengths_from_table(speed_table.ROWS, "cudnn", False, case,
+                                                              gqa=False))
+
     def test_cudnn_routed_where_ours_is_faster(self):
-        # the gate alone (d64 may not be compiled here); lengths between two measured ones
-        # that both passed are routed (d128 full 3000, is_causal 1500)
-        for d, s, causal in [(64, 512, True), (64, 2048, False), (64, 16384, True),
+        # the gate alone (d64 may not be compiled here), MHA calls; lengths between two
+        # measured ones that both passed are routed (d64 is_causal 3000, d128 is_causal 6000)
+        for d, s, causal in [(64, 512, True), (64, 2048, False), (64, 3000, True), (64, 16384, True),
                              (96, 2048, False), (192, 8192, True), (256, 4096, False),
                              (256, 16384, False), (256, 512, False), (256, 1024, True),
-                             (128, 16384, True), (128, 8192, True), (128, 4097, True),
-                             (128, 1024, True), (128, 1500, True), (128, 2048, True),
-                             (128, 1000, False), (128, 3000, False), (128, 4096, False),
-                             (128, 8192, False), (128, 32768, False)]:
+                             (128, 16384, True), (128, 4097, True), (128, 32768, True),
+                             (128, 6000, True), (128, 8192, True),
+                             (128, 1024, False), (128, 4096, False), (128, 16384, False),
+                             (128, 32768, False)]:
             self.assertTrue(policy.faster_than_stock(self.call(d, s, "cudnn", causal)),
                             (d, s, causal))
 
@@ -1179,6 +1198,10 @@ class TestSpeedGate(unittest.TestCase):
                          {64: ((1024, None),)})  # (the other head dims' rows are all "full")
         # both cases together: d64's 1024 fails on its full row although its causal one passes
         self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", False), full)
+        # the MHA rows alone: d192's slower GQA row no longer fails 2048
+        self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", False, "full", gqa=False),
+                         {**full, 192: ((2048, None),)})
+        self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", False, "full", gqa=True), {})
         self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", True), {})
         ranges = full[128]
         for seqlen, routed in [(256, False), (512, True), (800, True), (1024, True),

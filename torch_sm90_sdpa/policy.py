@@ -384,14 +384,18 @@ MIN_SPEEDUP = 1.01  # spread between runs: about 1% from 8k keys, up to 7-8% at 
 UNMASKED_CASES = ("causal", "full")  # bench_bwd's cases: is_causal or no mask
 
 
-def routed_lengths_from_table(rows, stock: str, masked: bool, case: Optional[str] = None) -> dict:
+def routed_lengths_from_table(rows, stock: str, masked: bool, case: Optional[str] = None,
+                              gqa: Optional[bool] = None) -> dict:
     """{head dim: ((first, last), ...)}: the key-length ranges where every measured row is
     MIN_SPEEDUP faster, each from a passing measured length through the following passing ones
     (last None: through every longer length; the longest measured one passed). Rows of one case
-    only when `case` is given. A head dim without a passing length is absent."""
+    only when `case` is given; only the rows whose "gqa" is `gqa` when it is given (False: an
+    MHA call's gate, which GQA rows, other code paths, do not hold back). A head dim without a
+    passing length is absent."""
     by_dim: dict = {}
     for r in rows:
-        if r["stock"] == stock and r["masked"] == masked and case in (None, r["case"]):
+        if (r["stock"] == stock and r["masked"] == masked and case in (None, r["case"])
+                and gqa in (None, r["gqa"])):
             by_dim.setdefault(r["head_dim"], []).append(r)
     out = {}
     for head_dim, rs in sorted(by_dim.items()):
@@ -425,21 +429,31 @@ def describe_lengths(table: dict) -> str:
                      for d, ranges in sorted(table.items())) or "no head dim"
 
 
-# Unmasked cuDNN nodes, per case (bench_bwd.py --extra: two runs of 9e68b21, the GQA group
-# walk's commit, one of e7920d1, one of 71bbd29 (d64's dQ staging) and one each of 091278e,
-# 7bf67ae and 62f2aa7 (71bbd29's kernels); each row's slowest run): ours ahead at head dim 64 from 512 keys
-# (1.04-1.13x), at 96 and 192 on the rows measured from 2k keys (1.08-1.33x), at 256 full from
-# 512 keys (1.03-1.10x), at 128 full from 1000 to 4096 keys and from 8k (1.02-1.04x; 512:
-# 0.983x; 4097: 1.004x, under the 1.01x asked), at 128 is_causal at 1k-2k keys and from 4097
-# (1.01-1.11x, the GQA rows at 8k included; 1000: 0.993x, 4096: 1.009x, 512: 0.948x) and at 256
-# is_causal at 1k keys only (1.012x; 512: 1.006x, 0.92-0.99x from 2k to 16k) -> causal {64: >=
-# 512, 96: >= 2048, 128: 1024..2048 or >= 4097, 192: >= 2048, 256: 1024..1024}, full {64: >=
-# 512, 96: >= 2048, 128: 1000..4096 or >= 8192, 192: >= 2048, 256: >= 512}.
+# Unmasked cuDNN nodes, per case (bench_bwd.py --extra: seven runs of one CTA per tile, from
+# 9e68b21 to 62f2aa7, one of the persistent kernel (e2e2908) and one more of one CTA per tile
+# (ae4ddc0, a machine with a faster cuDNN at short d128 rows); each row's slowest run, the
+# one-tile runs as lower bounds of the persistent kernel): ours ahead at head dim 64 from 512
+# keys (1.02-1.12x), at 96 and 192 on the rows measured from 2k keys (1.08-1.31x), at 256 full
+# from 512 keys (1.03-1.09x), at 128 full at 1024, 4096 and 16k keys (1.01-1.02x; 512, 1000,
+# 2048, 4097 and 8192 under 1.01x), at 128 is_causal at 4097 keys and from 16k (1.04-1.10x;
+# 512-4096 0.90-0.99x on ae4ddc0's machine; 8192: the MQA row 0.98-0.99x) and at 256 is_causal
+# at 512-1k keys (1.006-1.012x: 1k only passes 1.01x; 0.92-0.99x from 2k to 16k) -> causal
+# {64: >= 512, 96: >= 2048, 128: 4097..4097 or >= 16384, 192: >= 2048, 256: 1024..1024}, full
+# {64: >= 512, 96: >= 2048, 128: 1024..1024 or 4096..4096 or >= 16384, 192: >= 2048, 256: >=
+# 512} (docs/ROUTING.md, "The speed gate").
 # FA2 (flash) and the memory-efficient backward were slower than ours on every row, so those
 # nodes are always routed (also under deterministic algorithms, where they are torch's
 # deterministic kernels, 1.5-3.4x slower than our deterministic mode).
 FASTER_THAN_CUDNN_LENGTHS = {case: routed_lengths_from_table(speed_table.ROWS, "cudnn", False, case)
                              for case in UNMASKED_CASES}
+# MHA calls (as many kv heads as q heads) by the MHA rows alone: the GQA rows time other code
+# paths (a CTA walking its group, or fp32 dK / dV accumulators and one tile per CTA), and the
+# MQA row at 8k keys (0.98-0.99x in the twenty-second session's runs) kept d128 is_causal MHA
+# calls at 8k keys (1.04x or more in every run) on stock. GQA calls keep every row above: their
+# own where measured, the MHA rows at the other lengths.
+MHA_FASTER_THAN_CUDNN_LENGTHS = {case: routed_lengths_from_table(speed_table.ROWS, "cudnn", False, case,
+                                                                 gqa=False)
+                                 for case in UNMASKED_CASES}
 
 # Masked calls (bench_masks.py --fill cudnn: causal, padding, sliding-window and document masks
 # broadcast over heads, as torch hands them to cuDNN): ours skips the tiles a mask hides (also
@@ -484,12 +498,14 @@ def faster_than_stock(call: AttentionBackwardCall) -> Decision:
     head_dim = call.q.size(-1)
     case = "causal" if call.is_causal else "full"
     seqlen_k = call.k.size(2)
-    if in_routed_lengths(seqlen_k, FASTER_THAN_CUDNN_LENGTHS[case].get(head_dim, ())):
+    mha = _known(call.q.size(1) == call.k.size(1))  # (symbolic head counts: GQA's gate)
+    lengths = (MHA_FASTER_THAN_CUDNN_LENGTHS if mha else FASTER_THAN_CUDNN_LENGTHS)[case]
+    if in_routed_lengths(seqlen_k, lengths.get(head_dim, ())):
         return ROUTE
-    return _no(R_SLOWER, f"cuDNN measured faster for head dim {head_dim}, {case}, Sk = {seqlen_k} "
-                         f"(ours is faster only for {case}: "
-                         f"{describe_lengths(FASTER_THAN_CUDNN_LENGTHS[case])}); "
-                         "enable(only_faster=False) routes it anyway")
+    kind = "MHA" if mha else "GQA"
+    return _no(R_SLOWER, f"cuDNN measured faster for head dim {head_dim}, {case}, {kind}, Sk = "
+                         f"{seqlen_k} (ours is faster only for {case} {kind}: "
+                         f"{describe_lengths(lengths)}); enable(only_faster=False) routes it anyway")
 
 
 def decide(call: AttentionBackwardCall, *, cpu_route: bool = False,
@@ -600,5 +616,6 @@ def policy_fingerprint() -> tuple:
         caps,
         CUDA_DETERMINISTIC_SUPPORTED,
         sorted((case, sorted(t.items())) for case, t in FASTER_THAN_CUDNN_LENGTHS.items()),
+        sorted((case, sorted(t.items())) for case, t in MHA_FASTER_THAN_CUDNN_LENGTHS.items()),
         sorted(MASKED_FASTER_LENGTHS.items()),
     )
