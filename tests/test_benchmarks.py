@@ -108,6 +108,8 @@ def test_plot_series_are_the_grid_rows_by_head_dim_and_length():
     assert got[128][("ours", "full")] == [(1024, 400.0), (4096, 500.0)]  # sorted by length
     assert got[128][("ours", "causal")] == [(4096, 450.0)]
     assert got[128][("cudnn", "full")] == [(4096, 520.0)]  # fp16 and GQA rows left out
+    only = plot_bwd.series([dict(row, tflops={"ours": 1.0, "dropin": 2.0})], plot_bwd.PLOTTED)
+    assert list(only[128]) == [("ours", "full")]  # the public paths' columns are not drawn
 
 
 def test_dropin_column_times_the_drop_in_backward():

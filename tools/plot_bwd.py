@@ -12,15 +12,22 @@ import json
 import sys
 
 
-def series(rows):
+# The columns drawn: the kernels (ours, the stock backends, FA4, ours with --ab-env's switch);
+# the public paths' columns (--dropin) measure host time as much as kernels and are left out.
+PLOTTED = ("ours", "ours_env", "fa4", "cudnn", "flash", "efficient")
+
+
+def series(rows, backends=None):
     """{head_dim: {(backend, case): [(seqlen, TFLOP/s), ...] sorted by seqlen}} of the grid's
-    rows: bf16 (rows without a dtype are bf16), MHA, unmasked."""
+    rows: bf16 (rows without a dtype are bf16), MHA, unmasked, every backend or those named."""
     out = {}
     for r in rows:
         if r.get("dtype", "bf16") != "bf16" or r["heads"] != r["kv_heads"] or r.get("masked"):
             continue
         case = "causal" if r["causal"] else "full"
         for backend, tf in r["tflops"].items():
+            if backends is not None and backend not in backends:
+                continue
             out.setdefault(r["head_dim"], {}).setdefault((backend, case), []).append((r["seqlen"], tf))
     for per_dim in out.values():
         for points in per_dim.values():
@@ -33,8 +40,10 @@ def plot(result, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"ours": "tab:red", "cudnn": "tab:blue", "flash": "tab:green", "efficient": "tab:gray"}
-    data = series(result["rows"])
+    colors = {"ours": "tab:red", "cudnn": "tab:blue", "flash": "tab:green", "efficient": "tab:gray",
+              "fa4": "tab:orange", "ours_env": "tab:purple", "dropin": "tab:pink",
+              "cudnn_sdpa": "tab:cyan"}
+    data = series(result["rows"], PLOTTED)
     if not data:
         raise SystemExit("no grid rows (bf16, MHA) in the results")
     dims = sorted(data)
