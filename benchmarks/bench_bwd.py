@@ -54,6 +54,7 @@ import sys
 import torch
 
 import torch_sm90_sdpa  # registers the ops; the drop-in of --dropin
+from torch_sm90_sdpa import policy
 
 
 def make(b, hq, hkv, s, d, dtype, seed=0):
@@ -263,8 +264,11 @@ def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check, backends=None, 
     rcells = "  ".join(f"{ratios[n]:5.2f}" if n in ratios else f"{'-':>5}"
                        for n in ratio_keys(backends))
     print(f"{label:40s} {cells}   {rcells}  {'; '.join(notes)}", flush=True)
+    # the q heads one CTA walked (a GQA group, or 1): the code path the speed gate files the
+    # row under (tools/speed_table.py)
+    walk = policy.gqa_heads_per_cta(q, k, v, dout, dout, is_causal=causal, deterministic=False)
     ROWS.append(dict(head_dim=d, causal=causal, seqlen=s, batch=b, heads=hq, kv_heads=hkv,
-                     masked=False, dtype=DTYPE_NAMES[dtype], tflops=tf))
+                     masked=False, dtype=DTYPE_NAMES[dtype], heads_per_cta=walk, tflops=tf))
     del q, k, v, dout, fns
     torch.cuda.empty_cache()
     return ratios

@@ -89,9 +89,24 @@ def test_speed_table_keeps_the_slowest_row_of_a_case(tmp_path):
         with open(paths[-1], "w") as f:
             json.dump(result, f)
     sources, rows = speed_table_tool.build(paths)
-    got = {r["gqa"]: (r["speedup"], r["source"]) for r in rows}
-    # GQA: the slowest ratio of the first file (kv 1), not its last row nor the later file's
-    assert got == {True: (1.01, 0), False: (0.75, 0)}
+    got = {(r["gqa"], r["walk"]): (r["speedup"], r["source"]) for r in rows}
+    # per code path, the slowest ratio: GQA walked (kv 8 and 4: 1024 and 512 kv-head key-block
+    # CTAs) the first file's kv 4; GQA with accumulators (kv 1, kv 2: 128 and 256 CTAs) the
+    # first file's kv 1, not its last row nor the later file's; MHA the first file's
+    assert got == {(True, True): (1.03, 0), (True, False): (1.01, 0), (False, False): (0.75, 0)}
+
+
+def test_speed_table_files_gqa_rows_by_the_walk_they_ran():
+    """A row that records heads_per_cta is filed by it; older rows by the rule of their commits
+    (kv-head key-block CTAs >= 512, tile width 128 at d128, 64 at d256)."""
+    row = dict(head_dim=128, causal=True, seqlen=8192, batch=2, heads=32, kv_heads=8,
+               masked=False, dtype="bf16", tflops={"ours": 420.0, "cudnn": 400.0})
+    walk = lambda r: next(speed_table_tool.rows_of({"meta": {"bench": "bench_bwd"}, "rows": [r]}, 0))["walk"]
+    assert walk(row) and not walk(dict(row, kv_heads=2))  # 1024 / 256 CTAs
+    assert not walk(dict(row, heads_per_cta=1)) and walk(dict(row, kv_heads=2, heads_per_cta=16))
+    assert not walk(dict(row, heads=8))  # MHA
+    assert walk(dict(row, head_dim=256, kv_heads=2, seqlen=8192))  # 2 * 2 * 128 CTAs of 64 keys
+    assert not walk(dict(row, head_dim=256, kv_heads=2, seqlen=4096))
 
 
 plot_bwd = _load("plot_bwd_under_test", "tools/plot_bwd.py")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import unittest.mock
 import warnings
 from unittest import mock
 
@@ -1072,8 +1073,7 @@ class TestSpeedGate(unittest.TestCase):
     def setUp(self):
         _fake_sm90(self)
 
-    def call(self, d, s, backend, causal=True, kv_heads=4):
-        b, h = 1, 4
+    def call(self, d, s, backend, causal=True, kv_heads=4, b=1, h=4):
         t = policy.TensorSpec((b, h, s, d), torch.bfloat16, "cuda:0", strides=(s * h * d, d, h * d, 1))
         kv = policy.TensorSpec((b, kv_heads, s, d), torch.bfloat16, "cuda:0",
                                strides=(s * kv_heads * d, d, kv_heads * d, 1))
@@ -1116,7 +1116,52 @@ class TestSpeedGate(unittest.TestCase):
         for case in ("causal", "full"):
             self.assertEqual(policy.MHA_FASTER_THAN_CUDNN_LENGTHS[case],
                              policy.routed_lengths_from_table(speed_table.ROWS, "cudnn", False, case,
-                                                              gqa=False))
+                                                              paths=(policy.PATH_MHA,)))
+            self.assertEqual(policy.WALKED_GQA_FASTER_THAN_CUDNN_LENGTHS[case],
+                             policy.routed_lengths_from_table(
+                                 speed_table.ROWS, "cudnn", False, case,
+                                 paths=(policy.PATH_MHA, policy.PATH_GQA_WALKED)))
+
+    def test_gqa_calls_whose_ctas_walk_their_group_keep_the_walked_rows(self):
+        """A GQA call whose CTAs walk their group (the C++ rule: enough kv-head key-block CTAs)
+        is gated by the MHA and walked GQA rows: d128 is_causal at 8k keys routed (the walked
+        32/8, 32/4 rows pass), where a call of too few CTAs (the MQA row's path) is not."""
+        if _extension.load() is None:
+            self.skipTest(f"_C is not built: {_extension.unavailable_reason()}")
+        # the compiled GPT of issue 8: b2, GQA 16/8 (2 * 8 * 64 = 1024 kv-head key-block CTAs)
+        gpt = self.call(128, 8192, "cudnn", True, kv_heads=8, b=2, h=16)
+        few = self.call(128, 8192, "cudnn", True, kv_heads=1, b=2, h=16)  # 128 CTAs: accumulators
+        walks = lambda c: policy.gqa_heads_per_cta(c.q, c.k, c.v, c.out, c.grad_out,
+                                                   is_causal=c.is_causal, deterministic=c.deterministic)
+        self.assertEqual((walks(gpt), walks(few)), (2, 1))
+        self.assertTrue(policy.faster_than_stock(gpt))
+        decision = policy.faster_than_stock(few)
+        self.assertEqual(decision.reason, policy.R_SLOWER)
+        self.assertIn("GQA", decision.detail)
+        # what the kernel does decides it: no walk under deterministic algorithms, nor with the
+        # walk switched off (read at compile time, part of the pass's cache key)
+        gpt.deterministic = True
+        self.assertEqual(walks(gpt), 1)
+        self.assertEqual(policy.faster_than_stock(gpt).reason, policy.R_SLOWER)
+        gpt.deterministic = False
+        with unittest.mock.patch.dict(os.environ, {"TORCH_SM90_SDPA_GQA_WALK": "0"}):
+            self.assertEqual(walks(gpt), 1)
+            self.assertEqual(policy.faster_than_stock(gpt).reason, policy.R_SLOWER)
+            off = policy.policy_fingerprint()
+        self.assertNotEqual(off, policy.policy_fingerprint())
+        self.assertTrue(policy.faster_than_stock(gpt))
+        # a symbolic batch: the CTA count is not known for every size, so no walk is assumed
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        sym = ShapeEnv().create_unbacked_symint()
+        torch._check(sym >= 2)
+        torch._check(sym <= 64)
+        q = policy.TensorSpec((sym, 16, 8192, 128), torch.bfloat16, "cuda:0",
+                              strides=(8192 * 16 * 128, 128, 16 * 128, 1))
+        kv = policy.TensorSpec((sym, 8, 8192, 128), torch.bfloat16, "cuda:0",
+                               strides=(8192 * 8 * 128, 128, 8 * 128, 1))
+        self.assertEqual(policy.gqa_heads_per_cta(q, kv, kv, q, q, is_causal=True,
+                                                  deterministic=False), 1)
 
     def test_cudnn_routed_where_ours_is_faster(self):
         # the gate alone (d64 may not be compiled here), MHA calls; lengths between two
@@ -1199,9 +1244,19 @@ class TestSpeedGate(unittest.TestCase):
         # both cases together: d64's 1024 fails on its full row although its causal one passes
         self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", False), full)
         # the MHA rows alone: d192's slower GQA row no longer fails 2048
-        self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", False, "full", gqa=False),
+        mha, walked = (policy.PATH_MHA,), (policy.PATH_MHA, policy.PATH_GQA_WALKED)
+        self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", False, "full", paths=mha),
                          {**full, 192: ((2048, None),)})
-        self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", False, "full", gqa=True), {})
+        self.assertEqual(policy.routed_lengths_from_table(
+            rows, "cudnn", False, "full", paths=(policy.PATH_GQA_ACCUM,)), {})
+        # the slower GQA row ran with accumulators: a walked GQA call's gate passes 2048; a
+        # slower walked row fails it again
+        self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", False, "full", paths=walked),
+                         {**full, 192: ((2048, None),)})
+        rows_walked = rows + [dict(rows[0], head_dim=192, seqlen=2048, gqa=True, walk=True,
+                                   speedup=0.95)]
+        self.assertNotIn(192, policy.routed_lengths_from_table(rows_walked, "cudnn", False, "full",
+                                                               paths=walked))
         self.assertEqual(policy.routed_lengths_from_table(rows, "cudnn", True), {})
         ranges = full[128]
         for seqlen, routed in [(256, False), (512, True), (800, True), (1024, True),

@@ -3,9 +3,10 @@
 Reads the JSON that `benchmarks/bench_bwd.py --json` and `benchmarks/bench_masks.py --json`
 write (benchmarks/results/ holds the ones the shipped table comes from) and writes one row per
 measured case: the stock backward it compares with, masked or not, head dim, key length, the
-case (causal / full, or the mask kind), GQA or not, and ours' speedup (stock time / our time).
-Rows that fall on the same case (the GQA rows of several head ratios, repeated runs, a file
-that measures lengths of another again) keep the slowest: the gate asks that every measured
+case (causal / full, or the mask kind), GQA or not, whether a GQA call's CTAs walked their
+group (the kernel's code path), and ours' speedup (stock time / our time). Rows that fall on
+the same case (the GQA rows of several head ratios on one path, repeated runs, a file that
+measures lengths of another again) keep the slowest: the gate asks that every measured
 row was faster. policy.py derives, per stock backend, head dim and (unmasked) causal / full,
 the key-length ranges where every measured row was faster (policy.routed_lengths_from_table).
 
@@ -25,6 +26,25 @@ benchmark run: see docs/ROUTING.md ("The speed gate").
 '''
 
 
+# The main kernel's tile width per head dim (csrc/instantiations/variants.h, tile_block_n) and
+# the fewest kv-head key-block CTAs for a GQA CTA to walk its group (registration/bwd_device.h,
+# kMinGroupWalkCtas), both unchanged from 9e68b21 (the walk's commit) through e2e2908: how the
+# GQA rows of results that do not record heads_per_cta ran (bench_bwd records it since
+# the twenty-third session). Masked rows never walk by default.
+TILE_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
+MIN_GROUP_WALK_CTAS = 512
+
+
+def walked(r) -> bool:
+    """Whether a bench_bwd GQA row's CTAs walked their kv head's group (heads_per_cta > 1)."""
+    if r["heads"] == r["kv_heads"]:
+        return False
+    if "heads_per_cta" in r:
+        return r["heads_per_cta"] > 1
+    bn = TILE_BLOCK_N[r["head_dim"]]
+    return r["batch"] * r["kv_heads"] * -(-r["seqlen"] // bn) >= MIN_GROUP_WALK_CTAS
+
+
 # bench_masks kinds the gate does not route by (policy: per-head biases stay on stock; a bias
 # that hides nothing cannot be told apart at compile time from one that does): informational.
 NOT_GATED = ("alibi", "dense")
@@ -42,17 +62,22 @@ def rows_of(result, source):
                 if stock in tf and "ours" in tf and tf[stock] > 0:
                     yield dict(stock=stock, masked=False, head_dim=r["head_dim"],
                                seqlen=r["seqlen"], case="causal" if r["causal"] else "full",
-                               gqa=r["heads"] != r["kv_heads"],
+                               gqa=r["heads"] != r["kv_heads"], walk=walked(r),
                                speedup=round(tf["ours"] / tf[stock], 4), source=source)
         elif bench == "bench_masks":
             if r["mask"] in NOT_GATED:
                 continue
             stock = r.get("stock", "cudnn")
             yield dict(stock=stock, masked=True, head_dim=r["head_dim"], seqlen=r["s"],
-                       case=r["mask"], gqa=r["heads"] != r["kv_heads"],
+                       case=r["mask"], gqa=r["heads"] != r["kv_heads"], walk=False,
                        speedup=round(r[f"{stock} mask"] / r["ours mask"], 4), source=source)
         else:
             raise ValueError(f"unknown benchmark {bench!r}")
+
+
+# A row's case: rows of one key (the GQA rows of several head ratios on one code path, repeated
+# runs) keep the slowest
+KEY = ("stock", "masked", "head_dim", "seqlen", "case", "gqa", "walk")
 
 
 def build(paths):
@@ -62,11 +87,10 @@ def build(paths):
             result = json.load(f)
         sources.append(dict(result["meta"], file=path))
         for row in rows_of(result, len(sources) - 1):
-            key = tuple(row[k] for k in ("stock", "masked", "head_dim", "seqlen", "case", "gqa"))
+            key = tuple(row[k] for k in KEY)
             if key not in table or row["speedup"] < table[key]["speedup"]:
                 table[key] = row
-    rows = sorted(table.values(), key=lambda r: (r["stock"], r["masked"], r["head_dim"],
-                                                 r["seqlen"], r["case"], r["gqa"]))
+    rows = sorted(table.values(), key=lambda r: tuple(r[k] for k in KEY))
     return sources, rows
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -312,6 +313,45 @@ def _operand_layout(C, t, elem_bytes: int):
                            col_stride=col, address_align=align)
 
 
+def _problem(C, q, k, v, out, grad_out, *, is_causal: bool, deterministic: bool, capability,
+             mask=None):
+    """_C.BwdProblem of a call's metadata (symbolic sizes by their hints; head dims concrete)."""
+    elem_bytes = 2
+    major, minor = capability if capability is not None else (0, 0)
+    problem = C.BwdProblem(
+        batch=_hint(q.size(0)), heads_q=_hint(q.size(1)), heads_kv=_hint(k.size(1)),
+        seqlen_q=_hint(q.size(2)), seqlen_k=_hint(k.size(2)), head_dim=q.size(-1),
+        head_dim_v=v.size(-1), dtype=_extension.dtype_code(q.dtype, -1), is_causal=bool(is_causal),
+        deterministic=bool(deterministic), cc_major=major, cc_minor=minor)
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", grad_out)):
+        setattr(problem, name, _operand_layout(C, t, elem_bytes))
+    # dq / dk / dv: what the op allocates (empty_like): dense, 16-byte aligned
+    for name, t in (("dq", q), ("dk", k), ("dv", v)):
+        setattr(problem, name, C.OperandLayout(batch_stride=8, head_stride=8, row_stride=8))
+    if mask is not None:
+        problem.mask_kind = MASK_KIND_CODES.get(mask.dtype, -1)
+        problem.mask = _mask_view_layout(C, mask)
+    return problem
+
+
+def gqa_heads_per_cta(q, k, v, out, grad_out, *, is_causal: bool, deterministic: bool,
+                      mask=None) -> int:
+    """The q heads one main-kernel CTA walks for this call (the C++ rule, ``_C.workspace_layout``:
+    the whole GQA group when its kv heads' key blocks make enough CTAs, unmasked, not
+    deterministic, ``TORCH_SM90_SDPA_GQA_WALK`` as read now; else 1). 1 when ``_C`` is not
+    built, and when the batch, head counts or key length are symbolic: the count is then not
+    known for every size the graph serves. Shapes as :func:`kernel_decision`'s."""
+    sizes = (q.size(0), q.size(1), k.size(1), k.size(2), q.size(-1), v.size(-1))
+    if not all(isinstance(x, int) for x in sizes) or sizes[1] == sizes[2]:
+        return 1
+    C = _extension.load()
+    if C is None:
+        return 1
+    problem = _problem(C, q, k, v, out, grad_out, is_causal=is_causal,
+                       deterministic=deterministic, capability=None, mask=mask)
+    return int(C.workspace_layout(problem).heads_per_cta)
+
+
 def kernel_decision(q, k, v, out, grad_out, *, is_causal: bool, deterministic: bool,
                     capability, mask=None) -> Decision:
     """The SM90 kernels' verdict on a call, from its metadata (the contract lives in C++:
@@ -332,21 +372,8 @@ def kernel_decision(q, k, v, out, grad_out, *, is_causal: bool, deterministic: b
     if not (isinstance(hq, int) and isinstance(hkv, int)):
         if not (_known(hkv > 0) and _known(hq % hkv == 0)):
             return _no(R_HEADS, f"Hq = {hq}, Hkv = {hkv} (symbolic, not provably a multiple)")
-    elem_bytes = 2
-    major, minor = capability if capability is not None else (0, 0)
-    problem = C.BwdProblem(
-        batch=_hint(q.size(0)), heads_q=_hint(hq), heads_kv=_hint(hkv),
-        seqlen_q=_hint(q.size(2)), seqlen_k=_hint(k.size(2)), head_dim=head_dim,
-        head_dim_v=head_dim_v, dtype=_extension.dtype_code(q.dtype, -1), is_causal=bool(is_causal),
-        deterministic=bool(deterministic), cc_major=major, cc_minor=minor)
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", grad_out)):
-        setattr(problem, name, _operand_layout(C, t, elem_bytes))
-    # dq / dk / dv: what the op allocates (empty_like): dense, 16-byte aligned
-    for name, t in (("dq", q), ("dk", k), ("dv", v)):
-        setattr(problem, name, C.OperandLayout(batch_stride=8, head_stride=8, row_stride=8))
-    if mask is not None:
-        problem.mask_kind = MASK_KIND_CODES.get(mask.dtype, -1)
-        problem.mask = _mask_view_layout(C, mask)
+    problem = _problem(C, q, k, v, out, grad_out, is_causal=is_causal,
+                       deterministic=deterministic, capability=capability, mask=mask)
     d = C.can_implement(problem)
     if d.verdict == "unsupported":
         return _no(d.reason, d.detail)
@@ -384,18 +411,31 @@ MIN_SPEEDUP = 1.01  # spread between runs: about 1% from 8k keys, up to 7-8% at 
 UNMASKED_CASES = ("causal", "full")  # bench_bwd's cases: is_causal or no mask
 
 
+# The kernels' code paths a bench_bwd row times (row_path): MHA; a GQA call whose CTAs walk
+# their kv head's whole group (dK / dV summed in registers, persistent CTAs); a GQA call with
+# fp32 dK / dV accumulators and one CTA per tile (too few kv-head key blocks to walk: MQA, short
+# or small-batch calls).
+PATH_MHA, PATH_GQA_WALKED, PATH_GQA_ACCUM = "mha", "gqa walked", "gqa accumulated"
+
+
+def row_path(row) -> str:
+    if not row["gqa"]:
+        return PATH_MHA
+    return PATH_GQA_WALKED if row.get("walk") else PATH_GQA_ACCUM
+
+
 def routed_lengths_from_table(rows, stock: str, masked: bool, case: Optional[str] = None,
-                              gqa: Optional[bool] = None) -> dict:
+                              paths: Optional[Sequence[str]] = None) -> dict:
     """{head dim: ((first, last), ...)}: the key-length ranges where every measured row is
     MIN_SPEEDUP faster, each from a passing measured length through the following passing ones
     (last None: through every longer length; the longest measured one passed). Rows of one case
-    only when `case` is given; only the rows whose "gqa" is `gqa` when it is given (False: an
-    MHA call's gate, which GQA rows, other code paths, do not hold back). A head dim without a
-    passing length is absent."""
+    only when `case` is given; only the rows of these code paths (:func:`row_path`) when `paths`
+    is given (an MHA call's gate is not held back by GQA rows, which time other code). A head
+    dim without a passing length is absent."""
     by_dim: dict = {}
     for r in rows:
         if (r["stock"] == stock and r["masked"] == masked and case in (None, r["case"])
-                and gqa in (None, r["gqa"])):
+                and (paths is None or row_path(r) in paths)):
             by_dim.setdefault(r["head_dim"], []).append(r)
     out = {}
     for head_dim, rs in sorted(by_dim.items()):
@@ -449,11 +489,19 @@ FASTER_THAN_CUDNN_LENGTHS = {case: routed_lengths_from_table(speed_table.ROWS, "
 # MHA calls (as many kv heads as q heads) by the MHA rows alone: the GQA rows time other code
 # paths (a CTA walking its group, or fp32 dK / dV accumulators and one tile per CTA), and the
 # MQA row at 8k keys (0.98-0.99x in the twenty-second session's runs) kept d128 is_causal MHA
-# calls at 8k keys (1.04x or more in every run) on stock. GQA calls keep every row above: their
-# own where measured, the MHA rows at the other lengths.
+# calls at 8k keys (1.04x or more in every run) on stock.
 MHA_FASTER_THAN_CUDNN_LENGTHS = {case: routed_lengths_from_table(speed_table.ROWS, "cudnn", False, case,
-                                                                 gqa=False)
+                                                                 paths=(PATH_MHA,))
                                  for case in UNMASKED_CASES}
+# GQA calls whose CTAs walk their group (gqa_heads_per_cta > 1) by the MHA rows and the walked
+# GQA rows (GQA 32/8 and 32/4 at d128 is_causal 8k: 1.02-1.11x in every run): the walk runs the
+# MHA m-loop once per q head of the group with K / V loaded once, and its dK / dV are stored as
+# MHA's. The other GQA calls (fp32 accumulators) keep every row (FASTER_THAN_CUDNN_LENGTHS),
+# the MQA row (0.98-0.99x at 8k) included.
+WALKED_GQA_FASTER_THAN_CUDNN_LENGTHS = {
+    case: routed_lengths_from_table(speed_table.ROWS, "cudnn", False, case,
+                                    paths=(PATH_MHA, PATH_GQA_WALKED))
+    for case in UNMASKED_CASES}
 
 # Masked calls (bench_masks.py --fill cudnn: causal, padding, sliding-window and document masks
 # broadcast over heads, as torch hands them to cuDNN): ours skips the tiles a mask hides (also
@@ -499,10 +547,17 @@ def faster_than_stock(call: AttentionBackwardCall) -> Decision:
     case = "causal" if call.is_causal else "full"
     seqlen_k = call.k.size(2)
     mha = _known(call.q.size(1) == call.k.size(1))  # (symbolic head counts: GQA's gate)
-    lengths = (MHA_FASTER_THAN_CUDNN_LENGTHS if mha else FASTER_THAN_CUDNN_LENGTHS)[case]
+    walked = not mha and gqa_heads_per_cta(
+        call.q, call.k, call.v, call.out, call.grad_out, is_causal=call.is_causal,
+        deterministic=call.deterministic) > 1
+    if mha:
+        kind, lengths = "MHA", MHA_FASTER_THAN_CUDNN_LENGTHS[case]
+    elif walked:
+        kind, lengths = "GQA walked by group", WALKED_GQA_FASTER_THAN_CUDNN_LENGTHS[case]
+    else:
+        kind, lengths = "GQA", FASTER_THAN_CUDNN_LENGTHS[case]
     if in_routed_lengths(seqlen_k, lengths.get(head_dim, ())):
         return ROUTE
-    kind = "MHA" if mha else "GQA"
     return _no(R_SLOWER, f"cuDNN measured faster for head dim {head_dim}, {case}, {kind}, Sk = "
                          f"{seqlen_k} (ours is faster only for {case} {kind}: "
                          f"{describe_lengths(lengths)}); enable(only_faster=False) routes it anyway")
@@ -617,5 +672,8 @@ def policy_fingerprint() -> tuple:
         CUDA_DETERMINISTIC_SUPPORTED,
         sorted((case, sorted(t.items())) for case, t in FASTER_THAN_CUDNN_LENGTHS.items()),
         sorted((case, sorted(t.items())) for case, t in MHA_FASTER_THAN_CUDNN_LENGTHS.items()),
+        sorted((case, sorted(t.items())) for case, t in WALKED_GQA_FASTER_THAN_CUDNN_LENGTHS.items()),
+        # the GQA walk (and so the gate of GQA calls) follows this switch, read at compile time
+        os.environ.get("TORCH_SM90_SDPA_GQA_WALK", ""),
         sorted(MASKED_FASTER_LENGTHS.items()),
     )
