@@ -1,4 +1,4 @@
-# A/B round prepared in the twenty-first session (not run yet), with
+# A/B round prepared in the twenty-first session, run in the twenty-third (b landed), with
 # TORCH_SM90_SDPA_HEAD_DIMS=128 (bf16). Trees (tools/ab_rounds/ab_call.sh):
 #   a = main (d128 calls neither masked nor deterministic run the 80 x 128 tile at every length);
 #   b = patches/short-default-tile.patch: up to 768 queries they run the default 64 x 128 tile
