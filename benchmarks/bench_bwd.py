@@ -8,7 +8,8 @@ torch.ops.torch_sm90_sdpa.sdpa_backward (preprocess + main kernel + postprocess 
 Grid of the FlashAttention papers: bf16, 16k tokens per batch (b = 16384 / s), hidden 2048
 (h = 2048 / d), head dims 64 / 128 / 256, causal and full, s = 512 .. 16k; plus a GQA row
 (d128 causal 8k, 32 q / 8 kv heads). FLOPs = 2.5 * 4 * b * h * s^2 * d, halved when causal.
---extra adds the rows issue 8 also asks for: GQA 32 q / 4 and 32 q / 1 kv heads, head dims 96
+--extra adds the rows issue 8 also asks for: GQA 32 q / 4 and 32 q / 1 kv heads (and 16 q / 8,
+the compiled GPT's attention), head dims 96
 and 192, fp16 at d128, and odd lengths (1000 and 4097 keys) at d128 (see extra_rows).
 Per row: TFLOP/s of every backend, ours over each stock backend and over the best of them; last,
 the geometric means of those ratios.
@@ -328,6 +329,8 @@ def extra_rows(quick=False, gqa=True):
     if gqa:
         for hkv in (4, 1):
             rows.append((f"GQA d=128 causal s=8192 32q/{hkv}kv b=2", 2, 32, hkv, 8192, 128, True, bf16))
+        # the attention of issue 8's compiled GPT (16 q / 8 kv heads of 128): a group of 2
+        rows.append(("GQA d=128 causal s=8192 16q/8kv b=2", 2, 16, 8, 8192, 128, True, bf16))
     seqs = (2048,) if quick else (2048, 8192)
     cases = [(d, bf16, s) for d in (96, 192) for s in seqs] + [(128, fp16, s) for s in seqs]
     cases += [(128, bf16, s) for s in (1000, 4097)]
@@ -375,7 +378,7 @@ def main():
     ap = grid_parser(__doc__)
     ap.add_argument("--check", action="store_true", help="also compare gradients with cuDNN's")
     ap.add_argument("--extra", action="store_true",
-                    help="also GQA 32/4 and 32/1, d96 / d192, fp16 and odd-length rows (extra_rows)")
+                    help="also GQA 32/4, 32/1 and 16/8, d96 / d192, fp16 and odd-length rows (extra_rows)")
     ap.add_argument("--json", help="write the rows here (input of tools/speed_table.py)")
     ap.add_argument("--fa4", action="store_true",
                     help="also FlashAttention-4's backward (flash_attn.cute), as a peer column")
