@@ -90,10 +90,11 @@ def test_speed_table_keeps_the_slowest_row_of_a_case(tmp_path):
             json.dump(result, f)
     sources, rows = speed_table_tool.build(paths)
     got = {(r["gqa"], r["walk"]): (r["speedup"], r["source"]) for r in rows}
-    # per code path, the slowest ratio: GQA walked (kv 8 and 4: 1024 and 512 kv-head key-block
-    # CTAs) the first file's kv 4; GQA with accumulators (kv 1, kv 2: 128 and 256 CTAs) the
-    # first file's kv 1, not its last row nor the later file's; MHA the first file's
-    assert got == {(True, True): (1.03, 0), (True, False): (1.01, 0), (False, False): (0.75, 0)}
+    # per code path, the slowest ratio: GQA walked by groups of 4 (kv 8: 1024 kv-head key-block
+    # CTAs) and of 8 (kv 4: 512 CTAs) each their own; GQA with accumulators (kv 1, kv 2: 128 and
+    # 256 CTAs) the first file's kv 1, not its last row nor the later file's; MHA the first file's
+    assert got == {(True, 4): (1.05, 0), (True, 8): (1.03, 0), (True, 1): (1.01, 0),
+                   (False, 1): (0.75, 0)}
 
 
 def test_speed_table_files_gqa_rows_by_the_walk_they_ran():
@@ -102,11 +103,11 @@ def test_speed_table_files_gqa_rows_by_the_walk_they_ran():
     row = dict(head_dim=128, causal=True, seqlen=8192, batch=2, heads=32, kv_heads=8,
                masked=False, dtype="bf16", tflops={"ours": 420.0, "cudnn": 400.0})
     walk = lambda r: next(speed_table_tool.rows_of({"meta": {"bench": "bench_bwd"}, "rows": [r]}, 0))["walk"]
-    assert walk(row) and not walk(dict(row, kv_heads=2))  # 1024 / 256 CTAs
-    assert not walk(dict(row, heads_per_cta=1)) and walk(dict(row, kv_heads=2, heads_per_cta=16))
-    assert not walk(dict(row, heads=8))  # MHA
-    assert walk(dict(row, head_dim=256, kv_heads=2, seqlen=8192))  # 2 * 2 * 128 CTAs of 64 keys
-    assert not walk(dict(row, head_dim=256, kv_heads=2, seqlen=4096))
+    assert walk(row) == 4 and walk(dict(row, kv_heads=2)) == 1  # 1024 / 256 CTAs
+    assert walk(dict(row, heads_per_cta=1)) == 1 and walk(dict(row, kv_heads=2, heads_per_cta=16)) == 16
+    assert walk(dict(row, heads=8)) == 1  # MHA
+    assert walk(dict(row, head_dim=256, kv_heads=2, seqlen=8192)) == 16  # 2 * 2 * 128 CTAs of 64 keys
+    assert walk(dict(row, head_dim=256, kv_heads=2, seqlen=4096)) == 1
 
 
 plot_bwd = _load("plot_bwd_under_test", "tools/plot_bwd.py")

@@ -3,10 +3,10 @@
 Reads the JSON that `benchmarks/bench_bwd.py --json` and `benchmarks/bench_masks.py --json`
 write (benchmarks/results/ holds the ones the shipped table comes from) and writes one row per
 measured case: the stock backward it compares with, masked or not, head dim, key length, the
-case (causal / full, or the mask kind), GQA or not, whether a GQA call's CTAs walked their
-group (the kernel's code path), and ours' speedup (stock time / our time). Rows that fall on
-the same case (the GQA rows of several head ratios on one path, repeated runs, a file that
-measures lengths of another again) keep the slowest: the gate asks that every measured
+case (causal / full, or the mask kind), GQA or not, the group a GQA call's CTAs walked ("walk":
+the kernel's code path; 1 when they did not walk), and ours' speedup (stock time / our time).
+Rows that fall on the same case (the GQA rows of several head ratios on one path, repeated runs
+and GPUs, a file that measures lengths of another again) keep the slowest: the gate asks that every measured
 row was faster. policy.py derives, per stock backend, head dim and (unmasked) causal / full,
 the key-length ranges where every measured row was faster (policy.routed_lengths_from_table).
 
@@ -35,14 +35,16 @@ TILE_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 MIN_GROUP_WALK_CTAS = 512
 
 
-def walked(r) -> bool:
-    """Whether a bench_bwd GQA row's CTAs walked their kv head's group (heads_per_cta > 1)."""
+def walked(r) -> int:
+    """The q heads one CTA of a bench_bwd row walked: its GQA group (> 1) when the CTAs walked
+    their kv head's group, else 1 (MHA, or a GQA call with fp32 accumulators)."""
     if r["heads"] == r["kv_heads"]:
-        return False
+        return 1
     if "heads_per_cta" in r:
-        return r["heads_per_cta"] > 1
+        return r["heads_per_cta"]
     bn = TILE_BLOCK_N[r["head_dim"]]
-    return r["batch"] * r["kv_heads"] * -(-r["seqlen"] // bn) >= MIN_GROUP_WALK_CTAS
+    ctas = r["batch"] * r["kv_heads"] * -(-r["seqlen"] // bn)
+    return r["heads"] // r["kv_heads"] if ctas >= MIN_GROUP_WALK_CTAS else 1
 
 
 # bench_masks kinds the gate does not route by (policy: per-head biases stay on stock; a bias
@@ -69,7 +71,7 @@ def rows_of(result, source):
                 continue
             stock = r.get("stock", "cudnn")
             yield dict(stock=stock, masked=True, head_dim=r["head_dim"], seqlen=r["s"],
-                       case=r["mask"], gqa=r["heads"] != r["kv_heads"], walk=False,
+                       case=r["mask"], gqa=r["heads"] != r["kv_heads"], walk=1,
                        speedup=round(r[f"{stock} mask"] / r["ours mask"], 4), source=source)
         else:
             raise ValueError(f"unknown benchmark {bench!r}")
