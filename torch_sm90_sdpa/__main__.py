@@ -82,9 +82,10 @@ def info(argv=None) -> int:
         print(f"  D={d:<4} {_fmt_dtype(dt):<9} {verdict}")
     print("never routed: dropout_p > 0, a mask that needs a gradient or of another dtype than "
           "bool / fp32 / fp16 / bf16, nested tensors, Dv != D, tensors without a contiguous "
-          "last dim, flash with is_causal and Sq != Sk, deterministic mode (until the kernel "
-          "has one). Masked calls are served but kept on stock by the default speed gate "
-          "(enable(only_faster=False) routes them). See docs/ROUTING.md")
+          "last dim, flash with is_causal and Sq != Sk. The default speed gate also keeps on "
+          "stock the cuDNN calls where cuDNN measured faster (by head dim, causal / full / "
+          "mask, key length, and for GQA the group a CTA walks); enable(only_faster=False) "
+          "routes them. See docs/ROUTING.md")
     return 0
 
 
