@@ -106,6 +106,17 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
       heads_per_cta;
   int const num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   int64_t hps = std::max<int64_t>(1, (int64_t(l2_bytes) / 2) / std::max<int64_t>(bytes_per_head, 1));
+  // Causal and masked calls (key-block major below): a power of two of head groups. Their CTAs'
+  // work falls with the key block, and a section's heaviest CTAs start only once the section
+  // before has been handed out; with the head counts models use (powers of two), sections of a
+  // power of two divide the heads and the SM waves evenly, where e.g. 3 of 32 heads leave a
+  // late-starting partial section (tools/section_probe.py: a list-scheduling model and the
+  // measured main kernel, BENCHMARKS.md).
+  if ((p.is_causal || p.mask_kind != MaskKind::kNone) && !p.deterministic) {
+    int64_t pow2 = 1;
+    while (pow2 * 2 <= hps) { pow2 *= 2; }
+    hps = pow2;
+  }
   // A CTA that walks its GQA group does a group's work, so a section of one group has one CTA
   // per key block, fewer than the SMs: take at least kMinWalkSectionCtas (measured, GQA 32/8
   // s8192 d128 is_causal: sections of 64 CTAs 4.79 ms, of 128 4.35 ms; of 256 4.41).
@@ -113,6 +124,7 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   if (heads_per_cta > 1) {
     hps = std::max<int64_t>(hps, (kMinWalkSectionCtas + num_n_blocks - 1) / num_n_blocks);
   }
+  if (p.heads_per_section > 0) { hps = p.heads_per_section; }  // forced (A/B measurement)
   int const total_heads = p.heads_q / heads_per_cta * p.batch;
   // Key-block-major order (the key blocks with the most query blocks first) for causal attention
   // and under a mask: the masks models pass are causal-like (causal, padding, sliding windows,

@@ -159,6 +159,9 @@ struct BwdParams {
 
   int num_sms = 0;   // multiprocessors of the device (grid sizes of the pre/post kernels)
   int l2_bytes = 0;  // L2 cache size of the device (the main kernel's scheduling sections)
+  // Head groups per scheduling section when > 0 (make_params: TORCH_SM90_SDPA_SECTION_HEADS, for
+  // A/B measurement); 0: launch_bwd_main's rule.
+  int heads_per_section = 0;
   // The main and postprocess kernels start while the kernel before them drains (programmatic
   // dependent launch, csrc/grid_dependency.h); false: plain launches, each after the last.
   // make_params sets it from TORCH_SM90_SDPA_PDL (off unless "1").

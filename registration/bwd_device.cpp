@@ -303,8 +303,10 @@ int gqa_heads_per_cta(const BwdProblem& p) {
   // faster and slower (H200, d128 s8192 causal bias, main kernel: GQA 16 / 8 2.455 -> 2.273 ms,
   // GQA 32 / 8 4.61-4.76 -> 4.58 in one call, 5.03 in another).
   if (p.mask_kind != 0 && (mode != "1" || mask_instances_heads(p) != 1)) return 1;
+  const int group = p.heads_q / p.heads_kv;
+  if (mode == "1") return group;
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * ((p.seqlen_k + bn - 1) / bn);
-  return (mode == "1" || ctas >= kMinGroupWalkCtas) ? p.heads_q / p.heads_kv : 1;
+  return (group <= kMaxWalkGroup && ctas >= kMinGroupWalkCtas) ? group : 1;
 }
 
 WorkspaceLayout workspace_layout(const BwdProblem& p) {
@@ -419,10 +421,22 @@ static bool persistent_from_env() {
   return kPersistentByDefault;
 }
 
+// TORCH_SM90_SDPA_SECTION_HEADS=N (N > 0): the main kernel's scheduling sections hold N head
+// groups each instead of its rule's count (BwdParams::heads_per_section; read per call, for
+// tools/section_probe.py's A/B). Unset or anything else: 0, the rule.
+static int section_heads_from_env() {
+  const char* env = std::getenv("TORCH_SM90_SDPA_SECTION_HEADS");
+  if (env == nullptr) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  return (end != env && *end == '\0' && v > 0 && v < (1L << 30)) ? static_cast<int>(v) : 0;
+}
+
 BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale) {
   BwdParams n;
   n.programmatic_launch = programmatic_launch_from_env();
   n.persistent = persistent_from_env();
+  n.heads_per_section = section_heads_from_env();
   n.batch = p.batch;
   n.heads_q = p.heads_q;
   n.heads_kv = p.heads_kv;

@@ -129,10 +129,16 @@ struct BwdPointers {
 // The q heads one main-kernel CTA walks (BwdParams::heads_per_cta): the GQA group Hq / Hkv
 // for a GQA problem in the default mode without a mask, whose kv heads' key blocks make at
 // least kMinGroupWalkCtas CTAs (a CTA then does a group's work: with fewer the last wave would
-// leave SMs idle); else 1. TORCH_SM90_SDPA_GQA_WALK=0 in the environment (read per call) keeps
-// 1, =1 takes the group whatever the CTA count, and also under a mask shared by the heads
-// (masked calls do not walk by default: their walk measured inconsistently).
+// leave SMs idle) and whose group is at most kMaxWalkGroup; else 1. TORCH_SM90_SDPA_GQA_WALK=0
+// in the environment (read per call) keeps 1, =1 takes the group whatever the CTA count and
+// group size, and also under a mask shared by the heads (masked calls do not walk by default:
+// their walk measured inconsistently).
 constexpr int64_t kMinGroupWalkCtas = 512;  // about four waves on 132 SMs
+// Groups of 8 measured slower walked than not (H200, d128 s8192 b2 is_causal, main kernel,
+// GQA 32 / 4: 4.899 ms walked, 4.698 not; H100: 0.89-0.91x of cuDNN walked); groups of 2 and 4
+// faster (16 / 8: 2.279 against 2.480; 32 / 8: 4.584 against 4.833). A 128-CTA section of two
+// walked groups of 8 holds 67 MB of Q / dO at 8k keys, more than the 50 MB L2.
+constexpr int kMaxWalkGroup = 4;
 int gqa_heads_per_cta(const BwdProblem& problem);
 
 // Whether the main kernel runs persistent CTAs (BwdParams::persistent: one CTA per SM, each

@@ -324,7 +324,7 @@ PYBIND11_MODULE(_C, m) {
       PTR_FIELD(dk_accum, float*) PTR_FIELD(dv_accum, float*) FIELD(dq_accum_permuted)
       // outputs
       TENSOR_FIELDS(dq, void*) TENSOR_FIELDS(dk, void*) TENSOR_FIELDS(dv, void*)
-      FIELD(num_sms) FIELD(l2_bytes) FIELD(programmatic_launch) FIELD(persistent)
+      FIELD(num_sms) FIELD(l2_bytes) FIELD(heads_per_section) FIELD(programmatic_launch) FIELD(persistent)
       // mask (read-only here: make_params fills them consistently)
       .def_property_readonly("mask_kind", [](const BwdParams& p) { return static_cast<int>(p.mask_kind); })
       .def_property_readonly("tile_class", [](const BwdParams& p) { return ptr_to_int(p.tile_class); })

@@ -256,3 +256,17 @@ def test_ab_env_column_runs_ours_with_the_variable_set(monkeypatch):
     assert math.isclose(r["ours_env"], 500.0 / 520.0) and r["best"] == 1.25
     assert "ours_env" in bench_bwd.ratio_keys(dict(bench_bwd.BACKENDS, ours_env=None))
     assert "ours_env" not in bench_bwd.ratio_keys(bench_bwd.BACKENDS)
+
+
+def test_section_probe_model_and_rule():
+    """tools/section_probe.py's list-scheduling model: equal tiles on enough SMs finish with
+    the longest; a causal grid whose last section is partial (32 heads in sections of 3) is
+    less balanced than sections of 2; the rule's count is the L2 share, then a power of two."""
+    probe = _load("section_probe_under_test", "tools/section_probe.py")
+    assert probe.model_balance(1, 4, 1, 1.0, sms=8, fixed=0.0) == 2.0  # 4 tiles on 8 SMs: half idle
+    assert probe.model_balance(1, 132, 132, 1.0, sms=132, fixed=0.0) == 1.0  # one wave
+    three, two = (probe.model_balance(64, 32, hps, 1.6, sms=132, fixed=2.0) for hps in (3, 2))
+    assert 1.0 <= two < three
+    assert probe.l2_section_heads(128, 8192, 32, 50 << 20) == 3 and probe.pow2_floor(3) == 2
+    assert probe.l2_section_heads(128, 512, 8, 50 << 20) == 8  # no more than the heads
+    assert [probe.pow2_floor(x) for x in (1, 2, 7, 8, 25)] == [1, 2, 4, 8, 16]

@@ -314,9 +314,10 @@ def test_workspace_layout_mha_has_no_kv_accumulators():
 def test_gqa_group_walk_decision(monkeypatch):
     """GQA in the default mode: one CTA walks its kv head's whole group of q heads
     (heads_per_cta; it stores dK / dV itself, so no fp32 accumulators are laid out) once the kv
-    heads' key blocks make at least 512 CTAs (kMinGroupWalkCtas), unless deterministic or
-    masked. TORCH_SM90_SDPA_GQA_WALK=0 switches it off, =1 on whatever the CTA count, and under
-    a mask shared by the heads (a per-head mask never walks)."""
+    heads' key blocks make at least 512 CTAs (kMinGroupWalkCtas) and the group is at most 4
+    heads (kMaxWalkGroup: walked groups of 8 measured slower), unless deterministic or masked.
+    TORCH_SM90_SDPA_GQA_WALK=0 switches it off, =1 on whatever the CTA count and group size,
+    and under a mask shared by the heads (a per-head mask never walks)."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
     d = 128  # (the decision reads the generated tile table, built variant or not)
@@ -338,6 +339,9 @@ def test_gqa_group_walk_decision(monkeypatch):
     assert fewer.heads_per_cta == 1 and fewer.gqa and fewer.dv_accum > fewer.dk_accum
     assert layout(32, 8, sk, deterministic=True).heads_per_cta == 1
     assert layout(8, 8, sk).heads_per_cta == 1  # MHA
+    assert layout(16, 8, sk).heads_per_cta == 2
+    assert layout(64, 8, sk).heads_per_cta == 1  # a group of 8
+    assert layout(32, 4, 2 * sk).heads_per_cta == 1  # a group of 8, 512 CTAs
     shared = torch.zeros(1, 1, 1, sk, dtype=torch.bool)
     per_head = torch.zeros(1, 32, 1, sk, dtype=torch.bool)
     assert layout(32, 8, sk, mask=shared).heads_per_cta == 1  # masked: only when forced
@@ -348,6 +352,7 @@ def test_gqa_group_walk_decision(monkeypatch):
     assert layout(32, 8, sk, mask=shared).heads_per_cta == 4
     assert layout(32, 8, sk, mask=per_head).heads_per_cta == 1
     assert layout(4, 2, 100).heads_per_cta == 2
+    assert layout(32, 4, 2 * sk).heads_per_cta == 8  # forced: any group size
     assert layout(4, 2, 100, deterministic=True).heads_per_cta == 1
     # make_params passes it on, with the accumulators null
     q = torch.randn(1, 4, 70, d, dtype=torch.bfloat16)
@@ -419,6 +424,24 @@ def test_make_params_reads_the_persistent_switch(monkeypatch):
     for other in ("", "yes", "2"):
         monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", other)
         assert cb.make_params(q, q, q, q, q, lse)[0].persistent == default
+
+
+@needs_C
+def test_make_params_reads_the_section_switch(monkeypatch):
+    # TORCH_SM90_SDPA_SECTION_HEADS=N (N > 0): the main kernel's scheduling sections hold N head
+    # groups (BwdParams.heads_per_section, for A/B measurement); unset or anything else: 0, the
+    # launch's own rule. Read per call.
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
+    lse = torch.randn(1, 2, 70)
+    monkeypatch.delenv("TORCH_SM90_SDPA_SECTION_HEADS", raising=False)
+    assert cb.make_params(q, q, q, q, q, lse)[0].heads_per_section == 0
+    monkeypatch.setenv("TORCH_SM90_SDPA_SECTION_HEADS", "3")
+    assert cb.make_params(q, q, q, q, q, lse)[0].heads_per_section == 3
+    for other in ("", "0", "-2", "2x", "many"):
+        monkeypatch.setenv("TORCH_SM90_SDPA_SECTION_HEADS", other)
+        assert cb.make_params(q, q, q, q, q, lse)[0].heads_per_section == 0
 
 
 @needs_C

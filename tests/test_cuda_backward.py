@@ -552,6 +552,21 @@ def test_persistent_matches_one_tile_per_cta(head_dim, case, monkeypatch):
                                    msg=f"second call: {name}")
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("case", ["causal", "full", "gqa-walk-causal"])
+@pytest.mark.parametrize("section_heads", ["1", "3", "1000"])
+def test_forced_sections_against_fp64(head_dim, case, section_heads, monkeypatch):
+    """TORCH_SM90_SDPA_SECTION_HEADS=N (scheduling sections of N head groups, for A/B
+    measurement): one head per section, a count that leaves a partial last section (64 heads /
+    3), and more than the heads; the tile order changes, the gradients keep the criterion."""
+    need_variant(head_dim, torch.bfloat16)
+    monkeypatch.setenv("TORCH_SM90_SDPA_SECTION_HEADS", section_heads)
+    walk = case.startswith("gqa")
+    monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", "1" if walk else "0")
+    hkv = 8 if walk else 16
+    run_case(4, 16, hkv, 1000, 1000, head_dim, torch.bfloat16, case != "full", seed=43)
+
+
 def test_persistent_back_to_back(monkeypatch):
     """Persistent calls on different problems issued back to back without a sync, and with
     programmatic launches: each result is the one-tile-per-CTA result of its problem."""
