@@ -502,7 +502,8 @@ MHA_FASTER_THAN_CUDNN_LENGTHS = {case: routed_lengths_from_table(speed_table.ROW
                                  for case in UNMASKED_CASES}
 # GQA calls whose CTAs walk groups of G q heads (gqa_heads_per_cta = G > 1) by the MHA rows and
 # the rows walked by groups of G, where the table has such rows (d128 is_causal 8k: G = 2, GQA
-# 16/8, 1.09x; G = 4, 32/8, 1.03-1.11x; G = 8, 32/4, 0.89-0.91x on an H100): the walk runs the
+# 16/8, 1.09x; G = 4, 32/8, 1.03-1.11x; G = 8, 32/4, 0.89-0.91x on an H100, walked by default
+# until the twenty-fourth session, now only under TORCH_SM90_SDPA_GQA_WALK=1): the walk runs the
 # MHA m-loop once per q head of the group with K / V loaded once, and stores dK / dV as MHA's.
 # A group size the table has no row of keeps every row (as the GQA calls with accumulators,
 # FASTER_THAN_CUDNN_LENGTHS, the MQA row included).
