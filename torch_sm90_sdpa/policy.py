@@ -481,13 +481,16 @@ def describe_lengths(table: dict) -> str:
 # 9e68b21 to 62f2aa7, one of the persistent kernel (e2e2908) and one more of one CTA per tile
 # (ae4ddc0, a machine with a faster cuDNN at short d128 rows), all on H200s; in the
 # twenty-third session, with d128's default tile up to 768 queries, one synchronized and one
-# back-to-back run on an H100 and three d128 8k runs on H200s; each row's slowest run, the
+# back-to-back run on an H100 and three d128 8k runs on H200s; in the twenty-fourth (41638bf:
+# causal sections of a power of two of heads) one synchronized and one back-to-back run on an
+# H200; each row's slowest run, the
 # one-tile runs as lower bounds of the persistent kernel): ours ahead at head dim 64 from 512
 # keys (1.02-1.12x), at 96 and 192 on the rows measured from 2k keys (1.08-1.31x), at 256 full
-# from 512 keys (1.03-1.09x), at 128 is_causal (MHA) from 4097 keys (1.01-1.07x; 512-4096
+# at 512 / 1k and from 4k keys (1.01-1.08x; 2k 1.009x back to back), at 128 is_causal (MHA) from 4097 keys (1.01-1.07x; 512-4096
 # 0.90-0.98x), nowhere at 128 full (0.97-1.008x on the H100 from 1k keys) nor at 256 is_causal
 # (0.92-0.98x) -> causal {64: >= 512, 96: >= 2048, 128 (MHA): >= 4097, 192: >= 2048}, full
-# {64: >= 512, 96: >= 2048, 192: >= 2048, 256: >= 512} (docs/ROUTING.md, "The speed gate").
+# {64: >= 512, 96: >= 2048, 192: >= 2048, 256: 512..1024 or >= 4096} (docs/ROUTING.md, "The
+# speed gate").
 # FA2 (flash) and the memory-efficient backward were slower than ours on every row, so those
 # nodes are always routed (also under deterministic algorithms, where they are torch's
 # deterministic kernels, 1.5-3.4x slower than our deterministic mode).
