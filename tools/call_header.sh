@@ -10,6 +10,10 @@
 #                   (it builds only when the sources' hash differs; TORCH_SM90_SDPA_HEAD_DIMS /
 #                   _DTYPES pick what it would build), its result stamped, then PYTHONPATH set
 #   use_deps        PYTHONPATH to build/gpu_deps (the carried wheels) and ROOT
+#   suite_with_memcheck MEMCHECK_S SUITE_S [DIR]
+#                   the GPU suite (pytest -n 8, DIR/suite.txt) with compute-sanitizer memcheck
+#                   on tools/sanitize_case.py beside it (DIR/memcheck.txt), each under its
+#                   timeout in seconds and stamped; DIR defaults to LOGS
 #   build_all DIR   LOGS=DIR (emptied), every variant built by tools/device_session.sh (smoke
 #                   test only), its result stamped, the build's prebuilt/ copied to OUTD (for
 #                   PREBUILT=1 in a later call), then PYTHONPATH set
@@ -33,4 +37,13 @@ build_all() {
   stamp "build + smoke test: exit $?, $(grep -m1 '^result' "$LOGS/session/check/summary.txt" 2>/dev/null)"
   cp -r "$LOGS/session/prebuilt" "$OUTD/" 2>/dev/null
   use_deps
+}
+suite_with_memcheck() {
+  local dir=${3:-$LOGS}
+  timeout "$1" compute-sanitizer --tool memcheck python3 tools/sanitize_case.py > "$dir/memcheck.txt" 2>&1 &
+  local memcheck_pid=$!
+  timeout "$2" python3 -m pytest -n 8 -q -p no:cacheprovider tests > "$dir/suite.txt" 2>&1
+  stamp "GPU suite: exit $?, $(tail -n 1 "$dir/suite.txt")"
+  wait "$memcheck_pid"
+  stamp "memcheck: exit $?, $(grep 'ERROR SUMMARY' "$dir/memcheck.txt" | tail -n 1)"
 }

@@ -23,12 +23,7 @@ python3 benchmarks/profile_bwd.py ${PROFILE_ARGS:---b 8 --h 8 --kv-heads 2 --s 2
   > "$LOGS/profile_bwd.txt" 2>&1
 stamp "profile_bwd: exit $?"
 
-timeout 260 compute-sanitizer --tool memcheck python3 tools/sanitize_case.py > "$LOGS/memcheck.txt" 2>&1 &
-memcheck_pid=$!
-timeout ${SUITE_TIMEOUT_S:-300} python3 -m pytest -n 8 -q -p no:cacheprovider tests > "$LOGS/suite.txt" 2>&1
-stamp "GPU suite: exit $?, $(tail -n 1 "$LOGS/suite.txt")"
-wait "$memcheck_pid"
-stamp "memcheck: exit $?, $(grep 'ERROR SUMMARY' "$LOGS/memcheck.txt" | tail -n 1)"
+suite_with_memcheck 260 ${SUITE_TIMEOUT_S:-300}
 
 tar czf "$OUTD/logs.tgz" -C "$LOGS" .
 grep -E "^d=|geometric" "$LOGS/bench_bwd.txt" | tail -n 70

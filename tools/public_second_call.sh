@@ -17,12 +17,7 @@ if [ -f build/ncu_d256.ncu-rep ]; then
 fi
 timeout 60 python3 tools/public_path_probe.py --nodes 2>&1 | grep -v -i warn > "$OUTD/nodes.txt"
 stamp "public_path_probe --nodes: exit $?"
-timeout 260 compute-sanitizer --tool memcheck python3 tools/sanitize_case.py > /tmp/memcheck.txt 2>&1 &
-memcheck_pid=$!
-timeout ${SUITE_TIMEOUT_S:-270} python3 -m pytest -n 8 -q -p no:cacheprovider tests > /tmp/suite.txt 2>&1
-stamp "GPU suite: exit $?, $(tail -n 1 /tmp/suite.txt)"
-wait "$memcheck_pid"
-stamp "memcheck: exit $?, $(grep 'ERROR SUMMARY' /tmp/memcheck.txt | tail -n 1)"
+suite_with_memcheck 260 ${SUITE_TIMEOUT_S:-270} /tmp
 tail -n 30 /tmp/suite.txt > "$OUTD/suite_tail.txt"
 timeout 120 python3 benchmarks/bench_bwd.py --extra --dropin --json "$OUTD/bench_bwd_dropin.json" \
   > "$OUTD/bench_bwd_dropin.txt" 2>&1

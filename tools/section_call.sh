@@ -24,12 +24,7 @@ for kv in 4 8; do
 done
 unset TORCH_SM90_SDPA_GQA_WALK
 
-timeout 200 compute-sanitizer --tool memcheck python3 tools/sanitize_case.py > "$LOGS/memcheck.txt" 2>&1 &
-memcheck_pid=$!
-timeout ${SUITE_TIMEOUT_S:-250} python3 -m pytest -n 8 -q -p no:cacheprovider tests > "$LOGS/suite.txt" 2>&1
-stamp "GPU suite: exit $?, $(tail -n 1 "$LOGS/suite.txt")"
-wait "$memcheck_pid"
-stamp "memcheck: exit $?, $(grep 'ERROR SUMMARY' "$LOGS/memcheck.txt" | tail -n 1)"
+suite_with_memcheck 200 ${SUITE_TIMEOUT_S:-250}
 
 tar czf "$OUTD/logs.tgz" -C "$LOGS" .
 cat "$LOGS/section_probe.txt"
