@@ -339,9 +339,9 @@ def gqa_heads_per_cta(q, k, v, out, grad_out, *, is_causal: bool, deterministic:
     """The q heads one main-kernel CTA walks for this call (the C++ rule, ``_C.workspace_layout``:
     the whole GQA group, of at most 4 q heads, when its kv heads' key blocks make enough CTAs,
     unmasked, not deterministic, ``TORCH_SM90_SDPA_GQA_WALK`` as read now (=1: any group); else
-    1). 1 when ``_C`` is not
-    built, and when the batch, head counts or key length are symbolic: the count is then not
-    known for every size the graph serves. Shapes as :func:`kernel_decision`'s."""
+    1). 1 when ``_C`` is not built, and when the batch, head counts or key length are symbolic:
+    the count is then not known for every size the graph serves. Shapes as
+    :func:`kernel_decision`'s."""
     sizes = (q.size(0), q.size(1), k.size(1), k.size(2), q.size(-1), v.size(-1))
     if not all(isinstance(x, int) for x in sizes) or sizes[1] == sizes[2]:
         return 1
@@ -487,8 +487,8 @@ def describe_lengths(table: dict) -> str:
 # H200; each row's slowest run, the
 # one-tile runs as lower bounds of the persistent kernel): ours ahead at head dim 64 from 512
 # keys (1.02-1.12x), at 96 and 192 on the rows measured from 2k keys (1.08-1.31x), at 256 full
-# at 512 / 1k and from 4k keys (1.01-1.08x; 2k 1.009x back to back), at 128 is_causal (MHA) from 4097 keys (1.01-1.07x; 512-4096
-# 0.90-0.98x), nowhere at 128 full (0.97-1.008x on the H100 from 1k keys) nor at 256 is_causal
+# at 512 / 1k and from 4k keys (1.01-1.08x; 2k 1.009x back to back), at 128 is_causal (MHA)
+# from 4097 keys (1.01-1.07x; 512-4096 0.90-0.98x), nowhere at 128 full (0.97-1.008x on the H100 from 1k keys) nor at 256 is_causal
 # (0.92-0.98x) -> causal {64: >= 512, 96: >= 2048, 128 (MHA): >= 4097, 192: >= 2048}, full
 # {64: >= 512, 96: >= 2048, 192: >= 2048, 256: 512..1024 or >= 4096} (docs/ROUTING.md, "The
 # speed gate").
