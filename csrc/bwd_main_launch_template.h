@@ -134,19 +134,36 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   bool const reverse_n = p.deterministic && p.deterministic_order == DeterministicOrder::kKeysDescending;
   typename Scheduler::Params sched{num_n_blocks, p.heads_q / heads_per_cta, p.batch,
                                    static_cast<int>(std::min<int64_t>(hps, total_heads)), n_block_major,
-                                   reverse_n, p.tile_counter};
+                                   reverse_n, p.tile_counter, /*split_tiles=*/0, /*split_m_blocks=*/0};
 
-  typename Kernel::Params kparams{Mainloop::to_params(p), Epilogue::to_params(p), sched};
-
-  auto kernel_fn = kernel::bwd_main_kernel<Kernel>;
-  int const smem_size = Kernel::kSharedStorageSize;
-  detail::set_smem_attribute_once(kernel_fn, smem_size);
+  static_assert(Kernel::kPersistentCapable == persistent_capable_head_dim(kHeadDim),
+                "bwd_params.h's persistent_capable_head_dim (the device layer's split-tail plan) must say "
+                "which head dims run persistent CTAs");
   // Persistent: one CTA per SM (the shared memory allows one), each taking tiles in turn.
   // Not for GQA's fp32 dK / dV accumulators (their tiles take the mainloop's shared memory)
   // nor in deterministic mode (its turns are laid out for one CTA per tile).
   bool const persistent = p.persistent && Kernel::kPersistentCapable && !dkv_accum && !p.deterministic &&
                           p.num_sms > 0 && p.tile_counter != nullptr;
   dim3 const grid = Scheduler::grid_shape(sched, persistent ? p.num_sms : 0);
+  // Split tail (tile_scheduler.h): full attention (equal tiles) as the device layer planned it
+  // (make_params), where this kernel's tile gives the same tile count and slot size; every
+  // piece holds at least one m-block (r M >= P) and every CTA's first unit is a whole tile.
+  if (persistent && !kMasked && !p.is_causal && p.split_tiles > 0 && p.split_count != nullptr &&
+      p.split_accum != nullptr && p.split_slot_floats == 2 * Cfg::kBlockN * kHeadDim) {
+    int64_t const tiles = Scheduler::num_tiles(sched);
+    int64_t const ctas = grid.x;
+    int const m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+    if (tiles >= 2 * ctas && tiles % ctas == p.split_tiles && int64_t(p.split_tiles) * m_blocks >= ctas) {
+      sched.split_tiles = p.split_tiles;
+      sched.split_m_blocks = m_blocks;
+    }
+  }
+
+  typename Kernel::Params kparams{Mainloop::to_params(p), Epilogue::to_params(p), sched};
+
+  auto kernel_fn = kernel::bwd_main_kernel<Kernel>;
+  int const smem_size = Kernel::kSharedStorageSize;
+  detail::set_smem_attribute_once(kernel_fn, smem_size);
   // programmatic: the kernel starts while the preprocess (or the classification) drains
   detail::check_cuda(launch_kernel(kernel_fn, grid, dim3(Kernel::kNumThreads), smem_size, stream,
                                    p.programmatic_launch, kparams),

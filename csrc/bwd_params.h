@@ -47,6 +47,11 @@ constexpr bool dq_accum_permuted_for(int head_dim) {
   return head_dim == 64 || head_dim == 192 || head_dim == 256;
 }
 
+// Whether the main kernel of a head dim can run persistent CTAs (its dK / dV epilogue tiles fit
+// outside the mainloop's shared memory: BwdKernel::kPersistentCapable, which
+// launch_bwd_main checks against this). The device layer plans the split tail with it.
+constexpr bool persistent_capable_head_dim(int head_dim) { return head_dim != 256; }
+
 // The score bounds of an additive mask's classification: at most this many CTAs share the rows
 // of one block (a block of a broadcast mask covers every batch and head); the workspace holds
 // as many partial results (BwdParams::bounds_partial).
@@ -148,6 +153,17 @@ struct BwdParams {
   // One int32, zeroed by the preprocess: the tiles persistent CTAs of the main kernel have
   // taken beyond their first (BwdParams::persistent; null: no persistent CTAs).
   int* tile_counter = nullptr;
+
+  // Split tail (tile_scheduler.h), planned by the device layer (make_params): full attention
+  // on persistent CTAs deals its last split_tiles tiles (T mod the SM count) as one equal
+  // piece of their m-blocks per SM; 0: no split. split_count [split_tiles] int32 and
+  // split_accum [split_tiles, split_slot_floats] fp32 (dK then dV of a tile, by MMA thread and
+  // register), both zeroed by the preprocess. split_slot_floats = 2 * kBlockN * D of the tile
+  // planned for (launch_bwd_main splits only when its kernel's tile and counts match).
+  int split_tiles = 0;
+  int split_slot_floats = 0;
+  int* split_count = nullptr;
+  float* split_accum = nullptr;
 
   // ---- outputs, in the input dtype, any strides with a contiguous last dim ----
   void* dq = nullptr;  // [B, Hq, Sq, D]

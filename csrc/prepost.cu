@@ -96,6 +96,8 @@ struct PreArgs {
   float* dq_accum;
   float* dk_accum;  // may be null (then chunks_kv == 0)
   int* tile_counter;  // zeroed (the main kernel's persistent CTAs), may be null
+  float4* split_zero;      // the split tail's counts and sums (BwdParams), zeroed; may be null
+  int64_t split_zero_vec4; // their 16-byte words
   float* dv_accum;
   int heads_q, seqlen_q, seqlen_q_rounded, seqlen_k_rounded, head_dim, head_dim_v;
   int64_t chunks_q;   // B * Hq * ceil(Sq_rounded / kChunkRows)
@@ -132,6 +134,9 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreArgs 
     }
     block -= a.bounds_ctas;
     blocks -= a.bounds_ctas;
+  }
+  for (int64_t i = int64_t(block) * kThreads + threadIdx.x; i < a.split_zero_vec4; i += int64_t(blocks) * kThreads) {
+    a.split_zero[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   const int group = 1 << a.group_log2;
   const int lane = threadIdx.x & (group - 1);
@@ -362,6 +367,12 @@ void run_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   a.dk_accum = p.dk_accum;
   a.dv_accum = p.dv_accum;
   a.tile_counter = p.tile_counter;
+  if (p.split_tiles > 0 && p.split_count != nullptr && p.split_accum != nullptr) {
+    // counts then sums, one span (bwd_device: 16-byte aligned, whole 16-byte words)
+    a.split_zero = reinterpret_cast<float4*>(p.split_count);
+    const char* end = reinterpret_cast<const char*>(p.split_accum + int64_t(p.split_tiles) * p.split_slot_floats);
+    a.split_zero_vec4 = (end - reinterpret_cast<const char*>(p.split_count)) / 16;
+  }
   a.heads_q = p.heads_q;
   a.seqlen_q = p.seqlen_q;
   a.seqlen_q_rounded = p.seqlen_q_rounded;

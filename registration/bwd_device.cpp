@@ -309,6 +309,29 @@ int gqa_heads_per_cta(const BwdProblem& p) {
   return (group <= kMaxWalkGroup && ctas >= kMinGroupWalkCtas) ? group : 1;
 }
 
+static bool persistent_from_env();
+
+int split_tail_tiles(const BwdProblem& p) {
+  if (p.num_sms <= 0 || p.is_causal || p.deterministic || p.mask_kind != 0) return 0;
+  if (!persistent_from_env() || !persistent_capable_head_dim(p.head_dim)) return 0;
+  const char* env = std::getenv("TORCH_SM90_SDPA_SPLIT_TAIL");
+  const std::string mode = env != nullptr ? env : "";
+  if (mode == "0") return 0;
+  const int heads_per_cta = gqa_heads_per_cta(p);
+  if (p.heads_q != p.heads_kv && heads_per_cta == 1) return 0;  // fp32 dK / dV: one tile per CTA
+  const int bm = tile_block_m(p.head_dim), bn = tile_block_n(p.head_dim);
+  if (bm <= 0 || bn <= 0 || p.heads_q % heads_per_cta != 0) return 0;
+  const int64_t P = p.num_sms;
+  const int64_t tiles = int64_t((p.seqlen_k + bn - 1) / bn) * (p.heads_q / heads_per_cta) * p.batch;
+  const int64_t r = tiles % P;
+  // (launch_bwd_main counts M with its kernel's own tile, e.g. d128's 80-row one, and splits
+  // only where r M >= P holds there too)
+  const int64_t m_blocks = (p.seqlen_q + bm - 1) / bm;
+  if (tiles < 2 * P || r == 0 || r * m_blocks < P) return 0;
+  if (mode != "1" && (P - r) * m_blocks < kSplitMinSavedBlocks * P) return 0;
+  return static_cast<int>(r);
+}
+
 WorkspaceLayout workspace_layout(const BwdProblem& p) {
   WorkspaceLayout w;
   w.heads_per_cta = gqa_heads_per_cta(p);
@@ -373,6 +396,12 @@ WorkspaceLayout workspace_layout(const BwdProblem& p) {
   if (p.deterministic) {
     const int bm = tile_block_m(p.head_dim);
     if (bm > 0) o += round_up(4 * int64_t(p.batch) * p.heads_q * ((p.seqlen_q + bm - 1) / bm), 16);
+  }
+  w.split_tail = o;
+  w.split_tiles = split_tail_tiles(p);
+  if (w.split_tiles > 0) {
+    w.split_slot_floats = 2 * tile_block_n(p.head_dim) * p.head_dim;
+    o += round_up(4 * int64_t(w.split_tiles), 16) + 4 * int64_t(w.split_tiles) * w.split_slot_floats;
   }
   w.tile_counter = o;
   o += 16;
@@ -513,6 +542,12 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
     n.dq_semaphore = reinterpret_cast<int*>(base + w.dq_semaphore);
   }
   if (base != nullptr) n.tile_counter = reinterpret_cast<int*>(base + w.tile_counter);
+  if (w.split_tiles > 0 && base != nullptr) {
+    n.split_tiles = w.split_tiles;
+    n.split_slot_floats = w.split_slot_floats;
+    n.split_count = reinterpret_cast<int*>(base + w.split_tail);
+    n.split_accum = reinterpret_cast<float*>(base + w.split_tail + round_up(4 * int64_t(w.split_tiles), 16));
+  }
   return n;
 }
 
@@ -629,6 +664,11 @@ void run(const BwdParams& params, cudaStream_t stream) {
                                    : ": dk_accum / dv_accum must be null when heads_q == heads_kv "
                                      "or a CTA walks its GQA group (the main kernel writes dk "
                                      "and dv directly)"));
+  }
+  if (p0.split_tiles < 0 || (p0.split_tiles > 0 && (p0.split_count == nullptr || p0.split_accum == nullptr ||
+                                                     p0.split_slot_floats <= 0))) {
+    fail_value(cat(what, ": a split tail (split_tiles = ", p0.split_tiles, ") needs its split_count and "
+                   "split_accum workspaces and split_slot_floats (fill them with make_params)"));
   }
   if (p0.deterministic && p0.dq_semaphore == nullptr) {
     fail_value(cat(what, ": deterministic mode needs the dq_semaphore workspace (fill it with "

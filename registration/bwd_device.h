@@ -47,6 +47,9 @@ struct BwdProblem {
   bool deterministic = false;
   int mask_kind = 0;  // MaskKind code: 0 none, 1 bool, 2 fp16, 3 bf16, 4 fp32 (layout[kMask])
   int cc_major = 0, cc_minor = 0;  // compute capability of the device the call runs on
+  // multiprocessors of that device: the persistent grid the split tail is planned for
+  // (split_tail_tiles); 0 (unknown) plans none
+  int num_sms = 0;
   OperandLayout layout[kNumOperands];
 };
 
@@ -92,14 +95,20 @@ bool tma_addressable(const OperandLayout& layout, int elem_bytes, int batch, int
 //   [mask_batch, mask_heads, n_blocks, 2], the visibility bits of partial tiles (tile_m * tile_n
 //   / 8 bytes per tile, every tile has room) and, additive masks, the fp32 score bounds of the
 //   classification [mask_batch, mask_heads, 2 * m_blocks + n_blocks]; deterministic, the int32
-//   turn semaphores dq_semaphore [B, Hq, m_blocks] (run() zeroes them); last, the int32
-//   tile_counter of persistent CTAs (16 bytes; the preprocess zeroes it).
+//   turn semaphores dq_semaphore [B, Hq, m_blocks] (run() zeroes them); a split tail's
+//   counts and fp32 sums (split_tail_tiles); last, the int32 tile_counter of persistent CTAs
+//   (16 bytes; the preprocess zeroes it).
 struct WorkspaceLayout {
   int64_t dq_accum = 0, dk_accum = 0, dv_accum = 0, dpsum = 0, lse_log2 = 0, tile_class = 0;
   int64_t tile_m_range = 0;  // masks: the non-empty m-block range per n-block (BwdParams)
   int64_t tile_bits = 0;     // masks: partial tiles as visibility bits (BwdParams)
   int64_t score_bounds = 0;  // additive masks: q_norm_max, lse_min, k_norm_max (BwdParams)
   int64_t dq_semaphore = 0;
+  // split tail: split_count [split_tiles] int32 (padded to 16 bytes), then split_accum
+  // [split_tiles, 2 * block_n * D] fp32 (BwdParams; the preprocess zeroes both)
+  int64_t split_tail = 0;
+  int split_tiles = 0;
+  int split_slot_floats = 0;
   int64_t tile_counter = 0;
   int64_t bytes = 0;
   bool gqa = false;       // dk_accum / dv_accum are laid out (GQA, heads_per_cta == 1)
@@ -145,6 +154,19 @@ int gqa_heads_per_cta(const BwdProblem& problem);
 // taking tiles in turn, where the variant and the call allow it) when
 // TORCH_SM90_SDPA_PERSISTENT (read per call: 1 on, 0 off) does not say.
 constexpr bool kPersistentByDefault = true;
+
+// The split tail of a problem (BwdParams::split_tiles): full attention's tiles all cost the
+// same, so on P persistent CTAs (P = problem.num_sms) T tiles take ceil(T / P) tile times
+// (H200, d128 s8192 full, main kernel: 31, 32 and 33 heads, 15.0 / 15.5 / 16.0 waves of work,
+// 4.79 / 4.76 / 4.80 ms; tools/wave_probe.py). The last r = T mod P tiles are dealt as P equal
+// pieces of their m-blocks instead. Returns r, or 0 for no split: causal, masked or
+// deterministic calls, GQA with fp32 dK / dV accumulators, head dims without persistent CTAs,
+// persistent CTAs off, T < 2 P, r = 0, fewer split m-blocks than P, or (the rule) less than
+// kSplitMinSavedBlocks m-blocks saved per SM: (P - r) M / P, M = a tile's m-blocks.
+// TORCH_SM90_SDPA_SPLIT_TAIL (read per call) =0 splits none, =1 every problem the structure
+// allows, whatever the saving.
+constexpr int kSplitMinSavedBlocks = 4;  // about two CTAs' fixed cost (tools/cta_cost_probe.py)
+int split_tail_tiles(const BwdProblem& problem);
 
 // Deterministic mode: the order the kernels add dQ tiles in (DeterministicOrder in
 // bwd_params.h), chosen per problem; TORCH_SM90_SDPA_DETERMINISTIC_ORDER=ascending|descending

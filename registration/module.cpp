@@ -4,7 +4,8 @@
 //
 //   _C.OperandLayout(batch_stride=, head_stride=, row_stride=, col_stride=1, address_align=16)
 //   _C.OperandLayout.of(strides, data_ptr)            from a tensor's stride() and data_ptr()
-//   _C.BwdProblem(batch=, heads_q=, ..., dtype=, is_causal=, deterministic=, cc_major=, cc_minor=)
+//   _C.BwdProblem(batch=, heads_q=, ..., dtype=, is_causal=, deterministic=, cc_major=, cc_minor=,
+//                 num_sms=0)
 //       .q .k .v .out .dout .lse .dq .dk .dv          OperandLayout of each operand
 //   _C.can_implement(problem) -> Decision             .verdict ("served" / "empty" /
 //                                                     "unsupported"), .copy (operand names),
@@ -195,7 +196,7 @@ PYBIND11_MODULE(_C, m) {
   problem
       .def(py::init([](int batch, int heads_q, int heads_kv, int seqlen_q, int seqlen_k,
                        int head_dim, int head_dim_v, int dtype, bool is_causal,
-                       bool deterministic, int cc_major, int cc_minor) {
+                       bool deterministic, int cc_major, int cc_minor, int num_sms) {
              dev::BwdProblem p;
              p.batch = batch;
              p.heads_q = heads_q;
@@ -209,12 +210,13 @@ PYBIND11_MODULE(_C, m) {
              p.deterministic = deterministic;
              p.cc_major = cc_major;
              p.cc_minor = cc_minor;
+             p.num_sms = num_sms;
              return p;
            }),
            py::kw_only(), py::arg("batch"), py::arg("heads_q"), py::arg("heads_kv"),
            py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("head_dim"), py::arg("head_dim_v"),
            py::arg("dtype"), py::arg("is_causal") = false, py::arg("deterministic") = false,
-           py::arg("cc_major") = 9, py::arg("cc_minor") = 0)
+           py::arg("cc_major") = 9, py::arg("cc_minor") = 0, py::arg("num_sms") = 0)
       .def_readwrite("batch", &dev::BwdProblem::batch)
       .def_readwrite("heads_q", &dev::BwdProblem::heads_q)
       .def_readwrite("heads_kv", &dev::BwdProblem::heads_kv)
@@ -227,7 +229,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("deterministic", &dev::BwdProblem::deterministic)
       .def_readwrite("mask_kind", &dev::BwdProblem::mask_kind)
       .def_readwrite("cc_major", &dev::BwdProblem::cc_major)
-      .def_readwrite("cc_minor", &dev::BwdProblem::cc_minor);
+      .def_readwrite("cc_minor", &dev::BwdProblem::cc_minor)
+      .def_readwrite("num_sms", &dev::BwdProblem::num_sms);
   bind_operand<dev::kQ>(problem, "q");
   bind_operand<dev::kK>(problem, "k");
   bind_operand<dev::kV>(problem, "v");
@@ -274,6 +277,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("tile_bits", &dev::WorkspaceLayout::tile_bits)
       .def_readonly("score_bounds", &dev::WorkspaceLayout::score_bounds)
       .def_readonly("dq_semaphore", &dev::WorkspaceLayout::dq_semaphore)
+      .def_readonly("split_tail", &dev::WorkspaceLayout::split_tail)
+      .def_readonly("split_tiles", &dev::WorkspaceLayout::split_tiles)
+      .def_readonly("split_slot_floats", &dev::WorkspaceLayout::split_slot_floats)
       .def_readonly("tile_counter", &dev::WorkspaceLayout::tile_counter)
       .def_readonly("bytes", &dev::WorkspaceLayout::bytes)
       .def_readonly("gqa", &dev::WorkspaceLayout::gqa)
@@ -330,6 +336,10 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("tile_class", [](const BwdParams& p) { return ptr_to_int(p.tile_class); })
       .def_property_readonly("dq_semaphore", [](const BwdParams& p) { return ptr_to_int(p.dq_semaphore); })
       .def_property_readonly("tile_counter", [](const BwdParams& p) { return ptr_to_int(p.tile_counter); })
+      .def_readonly("split_tiles", &BwdParams::split_tiles)
+      .def_readonly("split_slot_floats", &BwdParams::split_slot_floats)
+      .def_property_readonly("split_count", [](const BwdParams& p) { return ptr_to_int(p.split_count); })
+      .def_property_readonly("split_accum", [](const BwdParams& p) { return ptr_to_int(p.split_accum); })
       .def_property_readonly("deterministic_order", [](const BwdParams& p) {
         return p.deterministic_order == sm90_sdpa::DeterministicOrder::kKeysAscending ? "ascending" : "descending";
       })
@@ -388,6 +398,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("compiled_variants", &variants_list, "[(dtype name, head dim), ...] compiled.");
   m.def("build_info", &build_info, "How this module was built.");
   m.attr("SEQ_ROUND") = sm90_sdpa::kSeqRound;
+  m.attr("SPLIT_MIN_SAVED_BLOCKS") = dev::kSplitMinSavedBlocks;
   py::dict codes;
   codes["fp16"] = static_cast<int>(DType::kFloat16);
   codes["bf16"] = static_cast<int>(DType::kBFloat16);

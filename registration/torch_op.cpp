@@ -531,6 +531,7 @@ void sdpa_backward_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_out
   const device::DeviceFacts& facts = device::current_device_facts();
   p.cc_major = facts.cc_major;
   p.cc_minor = facts.cc_minor;
+  p.num_sms = facts.num_sms;
   const TensorInfo* in[] = {&q, &k, &v, &out, &go, &lse};
   for (int i = 0; i < 6; ++i) p.layout[i] = layout_of(*in[i]);
 

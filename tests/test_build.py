@@ -361,6 +361,77 @@ def test_gqa_group_walk_decision(monkeypatch):
     assert p.heads_per_cta == 2 and p.dk_accum == p.dv_accum == 0 and ws.dk_accum is None
 
 
+def _split_problem(b, hq, hkv, sq, sk, d, num_sms=132, **kw):
+    return C.BwdProblem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk, head_dim=d,
+                        head_dim_v=d, dtype=1, num_sms=num_sms, **kw)
+
+
+@needs_C
+def test_split_tail_plan(monkeypatch):
+    """The split tail (BwdParams.split_tiles, split_tail_tiles in bwd_device.h): full attention
+    on persistent CTAs deals its last T mod P tiles as P pieces, where that saves at least
+    SPLIT_MIN_SAVED_BLOCKS m-blocks per SM; never for causal, masked or deterministic calls,
+    GQA with fp32 accumulators, d256 (no persistent CTAs), fewer than 2 P tiles, r = 0, or an
+    unknown SM count. TORCH_SM90_SDPA_SPLIT_TAIL=0 plans none, =1 every structural case."""
+    for var in ("TORCH_SM90_SDPA_SPLIT_TAIL", "TORCH_SM90_SDPA_PERSISTENT", "TORCH_SM90_SDPA_GQA_WALK"):
+        monkeypatch.delenv(var, raising=False)
+    plan = lambda *a, **kw: C.workspace_layout(_split_problem(*a, **kw)).split_tiles  # noqa: E731
+    bn, bm = gen.TILES[128].block_n, gen.TILES[128].block_m
+    tiles = 8192 // bn * 32  # the FA grid's d128 rows: b2 h16 s8192
+    assert plan(2, 16, 16, 8192, 8192, 128) == tiles % 132 == 68
+    assert plan(2, 16, 16, 8192, 8192, 128, num_sms=0) == 0
+    assert plan(2, 16, 16, 8192, 8192, 128, is_causal=True) == 0
+    assert plan(2, 16, 16, 8192, 8192, 128, deterministic=True) == 0
+    assert plan(2, 16, 16, 8192, 8192, 256) == 0  # d256: one CTA per tile
+    assert plan(2, 32, 2, 8192, 8192, 128) == 0   # a group of 16: fp32 accumulators
+    assert plan(2, 32, 8, 8192, 8192, 128) == 64 * 2 * 8 % 132  # walked groups of 4
+    assert plan(1, 33, 33, 8192, 8192, 128) == 0  # 2112 tiles: 16 whole waves
+    assert plan(1, 2, 2, 8192, 8192, 128) == 0    # 128 tiles < 2 P
+    problem = _split_problem(2, 16, 16, 8192, 8192, 128)
+    problem.mask_kind = 1
+    assert C.workspace_layout(problem).split_tiles == 0
+    # the rule: s512 (8 m-blocks of 64 rows), 64 idle SMs x 8 m-blocks < 4 x 132
+    small = (32, 16, 16, 512, 512, 128)
+    assert (132 - 68) * (512 // bm) < C.SPLIT_MIN_SAVED_BLOCKS * 132
+    assert plan(*small) == 0
+    monkeypatch.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "1")
+    assert plan(*small) == 68
+    assert plan(1, 2, 2, 8192, 8192, 128) == 0  # still structural: < 2 P tiles
+    monkeypatch.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "0")
+    assert plan(2, 16, 16, 8192, 8192, 128) == 0
+    monkeypatch.delenv("TORCH_SM90_SDPA_SPLIT_TAIL")
+    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "0")
+    assert plan(2, 16, 16, 8192, 8192, 128) == 0
+
+
+@needs_C
+def test_split_tail_workspace_and_params(monkeypatch):
+    """A split tail adds its int32 counts (padded to 16 bytes) and fp32 sums (2 * block_n * D
+    per split tile: dK then dV) before the tile counter; make_params points at them."""
+    for var in ("TORCH_SM90_SDPA_SPLIT_TAIL", "TORCH_SM90_SDPA_PERSISTENT"):
+        monkeypatch.delenv(var, raising=False)
+    problem = _split_problem(2, 16, 16, 8192, 8192, 128)
+    for name in ("q", "k", "v", "out", "dout", "dq", "dk", "dv"):
+        setattr(problem, name, C.OperandLayout(batch_stride=16 * 8192 * 128, head_stride=8192 * 128,
+                                               row_stride=128))
+    w = C.workspace_layout(problem)
+    slot = 2 * gen.TILES[128].block_n * 128
+    assert (w.split_tiles, w.split_slot_floats) == (68, slot)
+    assert w.split_tail % 16 == 0
+    counts_bytes = -(-68 * 4 // 16) * 16
+    assert w.tile_counter == w.split_tail + counts_bytes + 4 * 68 * slot
+    assert w.bytes == w.tile_counter + 16
+    unsplit = C.workspace_layout(_split_problem(2, 16, 16, 8192, 8192, 128, num_sms=0))
+    assert unsplit.split_tiles == 0 and unsplit.tile_counter == unsplit.split_tail == w.split_tail
+    base = 1 << 20
+    p = C.make_params(problem, C.BwdPointers(workspace=base), 0.1)
+    assert (p.split_tiles, p.split_slot_floats) == (68, slot)
+    assert p.split_count == base + w.split_tail
+    assert p.split_accum == base + w.split_tail + counts_bytes
+    q = C.make_params(_split_problem(2, 16, 16, 8192, 8192, 128, num_sms=0), C.BwdPointers(workspace=base), 0.1)
+    assert q.split_tiles == 0 and q.split_count == q.split_accum == 0
+
+
 @needs_C
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16])
 def test_masked_workspace_has_tile_classes_ranges_bits_and_bounds(mask_dtype):

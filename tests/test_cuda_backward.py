@@ -567,6 +567,93 @@ def test_forced_sections_against_fp64(head_dim, case, section_heads, monkeypatch
     run_case(4, 16, hkv, 1000, 1000, head_dim, torch.bfloat16, case != "full", seed=43)
 
 
+# Split tail (TORCH_SM90_SDPA_SPLIT_TAIL=1: wherever the structure allows), shapes chosen for
+# 132 SMs: tiles split in two or three fragments (d64, d128's 80-row tile, d96), odd lengths
+# with a partial key block (d192 s6000), many fragments per tile (3000 queries, 12000 keys),
+# a walked GQA group (its fragments walk both q heads), fp16.
+SPLIT_CASES = {
+    "d64": (64, torch.bfloat16, (1, 5, 5, 8192, 8192), "0"),
+    "d128": (128, torch.bfloat16, (1, 5, 5, 8192, 8192), "0"),
+    "d128-fp16-q3000k12000": (128, torch.float16, (1, 3, 3, 3000, 12000), "0"),
+    "d96": (96, torch.bfloat16, (1, 3, 3, 12288, 12288), "0"),
+    "d192-s6000": (192, torch.bfloat16, (1, 3, 3, 6000, 6000), "0"),
+    "d128-gqa-walk": (128, torch.bfloat16, (1, 8, 4, 9000, 9000), "1"),
+}
+
+
+def _generated_tiles():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc",
+                        "generate_instantiations.py")
+    spec = importlib.util.spec_from_file_location("tsdpa_gen_for_cuda_tests", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.TILES, mod.TILES_FULL
+
+
+def split_fragment_counts(r, m_blocks, pieces):
+    """The pieces covering each of the r split tiles (piece q: the m-blocks
+    [q R / P, (q + 1) R / P) of the split tiles' R = r M m-blocks in a row), piece by piece."""
+    total = r * m_blocks
+    counts = [0] * r
+    for q in range(pieces):
+        lo, hi = q * total // pieces, (q + 1) * total // pieces
+        for i in range(lo // m_blocks, (hi - 1) // m_blocks + 1):
+            counts[i] += 1
+    return counts
+
+
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_split_tail_against_fp64(case, monkeypatch):
+    """Full attention's last partial wave dealt as one piece of m-blocks per SM: every split
+    tile's fragments counted themselves in (the counts the preprocess zeroed equal the pieces
+    covering each tile), the last one stored dK / dV (NaN-poisoned outputs), and the gradients
+    keep the fp64 criterion and match the unsplit kernel's (TORCH_SM90_SDPA_SPLIT_TAIL=0) to
+    the rounding of reordered fp32 sums; through the op and the Python device path."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    d, dtype, (b, hq, hkv, sq, sk), walk = SPLIT_CASES[case]
+    need_variant(d, dtype)
+    monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", walk)
+    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "1")
+    monkeypatch.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "1")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles_default, tiles_full = _generated_tiles()
+    tile = tiles_full[d] if d in tiles_full and sq > 768 else tiles_default[d]  # run_bwd_main's
+    groups = hq // hkv if walk == "1" else hq
+    tiles = -(-sk // tile.block_n) * groups * b
+    r, m_blocks = tiles % sms, -(-sq // tile.block_m)
+    if not (tiles >= 2 * sms and r > 0 and r * m_blocks >= sms):
+        pytest.skip(f"{tiles} tiles on {sms} SMs leave no split tail (shapes chosen for 132 SMs)")
+    q, k, v, dout = make_inputs(b, hq, hkv, sq, sk, d, dtype, seed=47)
+    scale = 1 / math.sqrt(d)
+    out, lse = stock_forward(q, k, v, False, scale)
+
+    py = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    params, ws = cb.make_params(dout, q, k, v, out, lse, False, scale, False, *py)
+    assert params.split_tiles == r
+    cb.run_backward(params)
+    torch.cuda.synchronize()
+    first = (params.split_count - ws.buffer.data_ptr()) // 4
+    counts = ws.buffer[first:first + r].view(torch.int32).tolist()
+    want = split_fragment_counts(r, m_blocks, sms)
+    assert counts == want and max(want) > 1, (counts, want)
+
+    poison_allocator(q, k, v)
+    split = sdpa_backward(dout, q, k, v, out, lse, False, scale, False)
+    monkeypatch.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "0")
+    whole = sdpa_backward(dout, q, k, v, out, lse, False, scale, False)
+    _, _, rdq, rdk, rdv = reference(q, k, v, dout, False, scale)
+    stock = stock_backward(q, k, v, dout, False, scale)
+    for i, (ref, name) in enumerate(zip((rdq, rdk, rdv), ("dq", "dk", "dv"))):
+        assert_close_to_reference(split[i], stock[i], ref, name)
+        assert_close_to_reference(py[i], stock[i], ref, f"python path {name}")
+        scale_ = max(whole[i].abs().max().item(), 1e-3)
+        torch.testing.assert_close(split[i], whole[i], atol=2e-3 * scale_, rtol=1e-2, msg=name)
+
+
 def test_persistent_back_to_back(monkeypatch):
     """Persistent calls on different problems issued back to back without a sync, and with
     programmatic launches: each result is the one-tile-per-CTA result of its problem."""

@@ -72,10 +72,12 @@ def problem_of(grad_out, q, k, v, out, lse, is_causal=False, deterministic=False
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     cc = torch.cuda.get_device_capability(q.device) if q.is_cuda else (9, 0)
+    # (the SM count plans the split tail: the persistent grid; 0 off the GPU plans none)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 0
     p = C.BwdProblem(batch=B, heads_q=Hq, heads_kv=Hkv, seqlen_q=Sq, seqlen_k=Sk, head_dim=D,
                      head_dim_v=v.shape[3], dtype=_extension.dtype_code(q.dtype, -1),
                      is_causal=bool(is_causal), deterministic=bool(deterministic),
-                     cc_major=cc[0], cc_minor=cc[1])
+                     cc_major=cc[0], cc_minor=cc[1], num_sms=sms)
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", grad_out), ("lse", lse),
                     ("dq", dq), ("dk", dk), ("dv", dv)):
         setattr(p, name, _layout(C, t))

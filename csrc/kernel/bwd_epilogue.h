@@ -90,6 +90,9 @@ struct BwdEpilogue {
     int qhead_per_khead;
     bool gqa;        // dK / dV go to the fp32 accumulators (GQA, one q head per CTA)
     bool per_qhead;  // deterministic GQA: one fp32 tile per q head, stored
+    // split tail (BwdParams): per split tile, its fragments' count and fp32 dK / dV sums
+    int* split_count;
+    float* split_accum;
   };
 
   static Params to_params(BwdParams const& p) {
@@ -99,6 +102,8 @@ struct BwdEpilogue {
     // (a CTA that walks its whole GQA group stores the group's dK / dV as MHA's)
     out.gqa = p.heads_q != p.heads_kv && p.heads_per_cta == 1;
     out.per_qhead = out.gqa && p.deterministic;
+    out.split_count = p.split_count;
+    out.split_accum = p.split_accum;
     if (!out.gqa) {
       out.shape_dKV = make_shape(p.seqlen_k, int32_t(kHeadDim), p.heads_kv, p.batch);
       auto mdK = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dk)), out.shape_dKV,
@@ -182,17 +187,65 @@ struct BwdEpilogue {
     }
   }
 
+  // Split tail: a fragment adds its unscaled fp32 dK / dV into its tile's slot of split_accum,
+  // laid out by register and thread (every fragment of a tile has the same MMA partition:
+  // coalesced 16-byte adds, no layout to agree on), then counts itself in; the fragment that
+  // brings the count to split_frags reads the sums back into its registers and returns true
+  // (it stores the tile); the others return false. No fragment waits for another.
+  template <class SharedStorage, class FrgdKV>
+  CUTE_DEVICE static bool sum_split_fragments(Params const& params, FrgdKV& tdKrdK, FrgdKV& tdVrdV,
+                                              SharedStorage& ss, int thread_idx, int split_index,
+                                              int split_frags) {
+    constexpr int kVecs = decltype(size(tdKrdK))::value / 4;
+    static_assert(kVecs * 4 == decltype(size(tdKrdK))::value);
+    float4* slot_dk = reinterpret_cast<float4*>(params.split_accum) + int64_t(split_index) * 2 * kVecs * kNumMmaThreads;
+    float4* slot_dv = slot_dk + kVecs * kNumMmaThreads;
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < kVecs; ++v) {
+      atomicAdd(slot_dk + v * kNumMmaThreads + thread_idx,
+                make_float4(tdKrdK(4 * v), tdKrdK(4 * v + 1), tdKrdK(4 * v + 2), tdKrdK(4 * v + 3)));
+      atomicAdd(slot_dv + v * kNumMmaThreads + thread_idx,
+                make_float4(tdVrdV(4 * v), tdVrdV(4 * v + 1), tdVrdV(4 * v + 2), tdVrdV(4 * v + 3)));
+    }
+    __threadfence();  // this thread's adds before the count (release)
+    named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
+    if (thread_idx == 0) {
+      ss.pipelines.split_last = atomicAdd(params.split_count + split_index, 1) == split_frags - 1;
+    }
+    named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
+    if (!ss.pipelines.split_last) { return false; }
+    __threadfence();  // the other fragments' adds, counted before ours (acquire)
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < kVecs; ++v) {
+      float4 const k = __ldcg(slot_dk + v * kNumMmaThreads + thread_idx);
+      float4 const d = __ldcg(slot_dv + v * kNumMmaThreads + thread_idx);
+      tdKrdK(4 * v) = k.x, tdKrdK(4 * v + 1) = k.y, tdKrdK(4 * v + 2) = k.z, tdKrdK(4 * v + 3) = k.w;
+      tdVrdV(4 * v) = d.x, tdVrdV(4 * v + 1) = d.y, tdVrdV(4 * v + 2) = d.z, tdVrdV(4 * v + 3) = d.w;
+    }
+    return true;
+  }
+
   // Called by every MMA thread (thread_idx in [0, kNumMmaThreads)) after the tile's mainloop.
   // tile_valid: the tile saw a query (the mainloop handed dQ tiles to the writer warp).
+  // split_frags > 1: the work item was one of that many fragments of split tile split_index
+  // (the scheduler's split tail; MHA or a walked GQA group only).
   template <class SharedStorage, class FrgdKV>
-  CUTE_DEVICE void store(Params const& params, FrgdKV const& tdKrdK, FrgdKV const& tdVrdV, SharedStorage& ss,
-                         int thread_idx, int n_block, int bidh, int bidb, bool tile_valid) {
+  CUTE_DEVICE void store(Params const& params, FrgdKV& tdKrdK, FrgdKV& tdVrdV, SharedStorage& ss,
+                         int thread_idx, int n_block, int bidh, int bidb, bool tile_valid, int split_index,
+                         int split_frags) {
     // nothing to add (a per-q-head tile is stored even so: the postprocess reads every tile)
     if (params.gqa && !params.per_qhead && !tile_valid) { return; }
     int const bidh_kv = bidh / params.qhead_per_khead;
     // Every warpgroup is done with the mainloop's shared memory (the dS buffers, the union).
     named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
     if (!params.gqa) {  // MHA: dK * scale and dV in the input dtype, stored
+      if (split_frags > 1 && !sum_split_fragments(params, tdKrdK, tdVrdV, ss, thread_idx, split_index, split_frags)) {
+        // another fragment stores the tile; the dQ writer's last arrival is taken all the same
+        if constexpr (kTilesOutsideMainloop) {
+          if (tile_valid) { named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty); }
+        }
+        return;
+      }
       Element* sk;
       Element* sv;
       if constexpr (kTilesOutsideMainloop) {

@@ -35,6 +35,7 @@ struct BwdKernel {
   static constexpr uint32_t kLoadRegs = kNumMmaWG == 2 ? 24 : 32;
   static constexpr uint32_t kMmaRegs = kNumMmaWG == 2 ? 240 : 160;
 
+  using WorkTile = typename Scheduler::WorkTile;
   using PipelineQ = typename Mainloop::PipelineQ;
   using PipelinedO = typename Mainloop::PipelinedO;
 
@@ -53,6 +54,7 @@ struct BwdKernel {
       alignas(16) cutlass::arch::ClusterBarrier tile_full[2];
       alignas(16) cutlass::arch::ClusterBarrier tile_empty[2];
       int tile_slot[2];
+      int split_last;  // the epilogue's split-tail vote: this fragment finished its tile last
       alignas(16) typename PipelineQ::SharedStorage pipeline_q;
       alignas(16) typename PipelinedO::SharedStorage pipeline_do;
     } pipelines;
@@ -62,6 +64,9 @@ struct BwdKernel {
   // A CTA may take several tiles only when the epilogue's shared memory is not the mainloop's
   // (the producer loads the next tile's K, V, Q and dO while the epilogue runs).
   static constexpr bool kPersistentCapable = Epilogue::kTilesOutsideMainloop;
+  // The split tail (tile_scheduler.h) is for full attention: not in the masked kernel, whose
+  // scheduler code stays that of whole tiles.
+  static constexpr bool kSplitTail = kPersistentCapable && !Mainloop::kMasked;
   // the threads that read each tile index the producer hands on: the dQ writer warp, the MMA warps
   static constexpr int kTileReaders = cutlass::NumThreadsPerWarp + Mainloop::kNumMmaThreads;
 
@@ -125,13 +130,13 @@ struct BwdKernel {
       if (role == WarpRole::kLoad) {
         auto write_q = cutlass::make_producer_start_state<PipelineQ>();
         auto write_do = cutlass::make_producer_start_state<PipelinedO>();
-        produce_tiles(params, ss, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
-          mainloop.load(params.mainloop, pipeline_q, pipeline_do, write_q, write_do, ss, n_block, bidh, bidb,
-                        kv_loads);
+        produce_tiles(params, ss, [&](WorkTile const& w) __attribute__((always_inline)) {
+          mainloop.load(params.mainloop, pipeline_q, pipeline_do, write_q, write_do, ss, w.n_block, w.head_group,
+                        w.bidb, w.m_lo, w.m_hi, kv_loads);
         });
       } else if (role == WarpRole::kStoredQ) {
-        consume_tiles(params, ss, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
-          mainloop.store_dq(params.mainloop, ss, n_block, bidh, bidb);
+        consume_tiles(params, ss, [&](WorkTile const& w) __attribute__((always_inline)) {
+          mainloop.store_dq(params.mainloop, ss, w.n_block, w.head_group, w.bidb, w.m_lo, w.m_hi);
         });
       }
     } else {
@@ -140,75 +145,110 @@ struct BwdKernel {
       typename Mainloop::PipelineStateQ read_q;
       typename Mainloop::PipelineStatedO read_do;
       typename Mainloop::TiledMmadKV tiled_mma_dKV;
-      consume_tiles(params, ss, [&](int n_block, int bidh, int bidb) __attribute__((always_inline)) {
+      consume_tiles(params, ss, [&](WorkTile const& w) __attribute__((always_inline)) {
         Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
         Tensor tdVrdV = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
         bool const tile_valid = mainloop.mma(params.mainloop, pipeline_q, pipeline_do, read_q, read_do, tdKrdK,
-                                             tdVrdV, thread_idx, n_block, bidh, bidb, ss, kv_loads);
-        epilogue.store(params.epilogue, tdKrdK, tdVrdV, ss, thread_idx, n_block, bidh, bidb, tile_valid);
+                                             tdVrdV, thread_idx, w.n_block, w.head_group, w.bidb, w.m_lo, w.m_hi,
+                                             ss, kv_loads);
+        epilogue.store(params.epilogue, tdKrdK, tdVrdV, ss, thread_idx, w.n_block, w.head_group, w.bidb, tile_valid,
+                       w.split_index, w.split_frags);
       });
     }
   }
 
   // ---- the CTA's tiles ----
-  // f(n_block, first q head, batch) of a tile: the scheduler counts groups of heads_per_cta q
-  // heads (1, or a GQA group walked by one CTA).
+  // f(work) of a work item: the scheduler counts groups of heads_per_cta q heads (1, or a GQA
+  // group walked by one CTA); work.head_group becomes the group's first q head.
   template <class F>
-  CUTE_DEVICE static void run_tile(Params const& params, int tile, F& f) {
-    auto [n_block, head_group, bidb] = Scheduler::get_block(params.scheduler, tile);
-    f(n_block, head_group * params.mainloop.heads_per_cta, bidb);
+  CUTE_DEVICE static void run_item(Params const& params, int item, F& f) {
+    if constexpr (kSplitTail) {
+      WorkTile work = Scheduler::get_work(params.scheduler, item);
+      work.head_group *= params.mainloop.heads_per_cta;
+      f(work);
+    } else {
+      auto [n_block, head_group, bidb] = Scheduler::get_block(params.scheduler, item);
+      f(WorkTile{n_block, head_group * params.mainloop.heads_per_cta, bidb, 0, INT_MAX, -1, 1});
+    }
+  }
+  // The first item of unit u, and the item after `item` in its unit (-1: none).
+  CUTE_DEVICE static int first_item(Params const& params, int u) {
+    if constexpr (kSplitTail) {
+      return Scheduler::unit_first_item(params.scheduler, u);
+    } else {
+      return u;  // (a tile; from the tile count on, the end)
+    }
+  }
+  CUTE_DEVICE static int next_item_in_unit(Params const& params, int item) {
+    if constexpr (kSplitTail) {
+      return Scheduler::unit_next_item(params.scheduler, item);
+    } else {
+      return -1;
+    }
+  }
+  CUTE_DEVICE static int items_end(Params const& params) {
+    if constexpr (kSplitTail) {
+      return Scheduler::items_end(params.scheduler);
+    } else {
+      return static_cast<int>(Scheduler::num_tiles(params.scheduler));
+    }
   }
 
-  // The producer warp: tile blockIdx.x, then (persistent: fewer CTAs than tiles) the next tile
-  // from the scheduler's counter each time it is done issuing a tile's loads, until the tiles
-  // run out; each index (and last, one past the tiles: the end) goes to the two-slot ring
-  // before the tile's loads. A variant that cannot be persistent has no tile loop at all: one
-  // around its MMA warps' code kept per-thread addresses live across it (d256: 356 B of spill).
+  // The producer warp: tile blockIdx.x, then (persistent: fewer CTAs than tiles) the next unit
+  // from the scheduler's counter each time it is done issuing an item's loads (a unit is a
+  // tile, or a split-tail piece of one or two fragments: Scheduler), until the units run out;
+  // each item id (and last, items_end: the end) goes to the two-slot ring before the item's
+  // loads. A variant that cannot be persistent has no tile loop at all: one around its MMA
+  // warps' code kept per-thread addresses live across it (d256: 356 B of spill).
   template <class F>
   CUTE_DEVICE static void produce_tiles(Params const& params, SharedStorage& ss, F&& f) {
     if constexpr (!kPersistentCapable) {
-      run_tile(params, static_cast<int>(blockIdx.x), f);
+      run_item(params, static_cast<int>(blockIdx.x), f);
     } else {
       int const num_tiles = static_cast<int>(Scheduler::num_tiles(params.scheduler));
+      int const end = items_end(params);
       bool const persistent = static_cast<int>(gridDim.x) < num_tiles;
-      int tile = static_cast<int>(blockIdx.x);
+      int item = first_item(params, static_cast<int>(blockIdx.x));
       CUTLASS_PRAGMA_NO_UNROLL
       for (int i = 0;; ++i) {
         int const slot = i & 1;
         if (i >= 2) { ss.pipelines.tile_empty[slot].wait(((i >> 1) - 1) & 1); }  // read i - 2
         if (cute::elect_one_sync()) {
-          ss.pipelines.tile_slot[slot] = tile;
+          ss.pipelines.tile_slot[slot] = item;
           ss.pipelines.tile_full[slot].arrive();
         }
         __syncwarp();
-        if (tile >= num_tiles) { break; }
-        run_tile(params, tile, f);
-        int next = num_tiles;
-        if (persistent) {
-          __syncwarp();
-          if (cutlass::canonical_lane_idx() == 0) { next = atomicAdd(params.scheduler.tile_counter, 1) + int(gridDim.x); }
-          next = __shfl_sync(0xffffffffu, next, 0);
+        if (item >= end) { break; }
+        run_item(params, item, f);
+        int next = next_item_in_unit(params, item);
+        if (next < 0) {
+          next = end;
+          if (persistent) {
+            __syncwarp();
+            if (cutlass::canonical_lane_idx() == 0) { next = atomicAdd(params.scheduler.tile_counter, 1) + int(gridDim.x); }
+            next = first_item(params, __shfl_sync(0xffffffffu, next, 0));
+          }
         }
-        tile = next;
+        item = next;
       }
     }
   }
 
-  // The dQ writer warp and the MMA warps: the tiles the producer hands on, in its order.
+  // The dQ writer warp and the MMA warps: the items the producer hands on, in its order.
   template <class F>
   CUTE_DEVICE static void consume_tiles(Params const& params, SharedStorage& ss, F&& f) {
     if constexpr (!kPersistentCapable) {
-      run_tile(params, static_cast<int>(blockIdx.x), f);
+      run_item(params, static_cast<int>(blockIdx.x), f);
     } else {
-      int const num_tiles = static_cast<int>(Scheduler::num_tiles(params.scheduler));
+      int const end = items_end(params);
       CUTLASS_PRAGMA_NO_UNROLL
       for (int i = 0;; ++i) {
         int const slot = i & 1;
         ss.pipelines.tile_full[slot].wait((i >> 1) & 1);
-        int const tile = ss.pipelines.tile_slot[slot];
+        int const item = ss.pipelines.tile_slot[slot];
         ss.pipelines.tile_empty[slot].arrive();
-        if (tile >= num_tiles) { break; }
-        run_tile(params, tile, f);
+        if (item >= end) { break; }
+        run_item(params, item, f);
       }
     }
   }

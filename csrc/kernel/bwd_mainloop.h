@@ -400,9 +400,13 @@ struct BwdMainloop {
   }
 
   // The m-blocks a CTA walks: m_block_range, with a mask narrowed to the n-block's first..last
-  // non-empty tile (tile_m_range, written by the classification).
-  CUTE_DEVICE static cute::tuple<int, int> walk_range(Params const& params, int n_block, int bidh, int bidb) {
+  // non-empty tile (tile_m_range, written by the classification), and to the work item's
+  // [m_lo, m_hi) (a split-tail fragment; a whole tile: [0, INT_MAX)).
+  CUTE_DEVICE static cute::tuple<int, int> walk_range(Params const& params, int n_block, int bidh, int bidb,
+                                                      int m_lo, int m_hi) {
     auto [m_min, m_max] = m_block_range(params, n_block);
+    m_min = cute::max(m_min, m_lo);
+    m_max = cute::min(m_max, m_hi);
     if (params.mask_kind != MaskKind::kNone) {
       int const mb = params.mask_batch == 1 ? 0 : bidb;
       int const mh = params.mask_heads == 1 ? 0 : bidh;
@@ -465,12 +469,12 @@ struct BwdMainloop {
   template <class SharedStorage>
   CUTE_DEVICE void load(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
                         PipelineStateQ& write_q, PipelineStatedO& write_do, SharedStorage& ss, int n_block,
-                        int bidh, int bidb, int& kv_loads) {
+                        int bidh, int bidb, int m_lo, int m_hi, int& kv_loads) {
     // The walk of a mask reads the classification's output (grid_dependency.h); without a
     // mask, K and V (inputs of the call, complete before the plainly launched preprocess
     // started: grid_dependency.h's invariant) are loaded before the wait.
     if (params.mask_kind != MaskKind::kNone) { wait_for_prior_grid(); }
-    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
+    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb, m_lo, m_hi);
     unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
     int const m_first = first_m_block(params, classes, m_min, m_max);
     if (m_first < 0) { return; }
@@ -620,9 +624,10 @@ struct BwdMainloop {
   }
 
   template <class SharedStorage>
-  CUTE_DEVICE void store_dq(Params const& params, SharedStorage& ss, int n_block, int bidh, int bidb) {
+  CUTE_DEVICE void store_dq(Params const& params, SharedStorage& ss, int n_block, int bidh, int bidb, int m_lo,
+                           int m_hi) {
     wait_for_prior_grid();  // dq_accum zeroed by the preprocess, a mask's tile classes
-    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
+    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb, m_lo, m_hi);
     unsigned char const* classes = tile_classes(params, n_block, bidh, bidb);
     int const m_first = first_m_block(params, classes, m_min, m_max);
     if (m_first < 0) { return; }
@@ -673,14 +678,14 @@ struct BwdMainloop {
   template <class SharedStorage, class FrgdKV>
   CUTE_DEVICE bool mma(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
                        PipelineStateQ& read_q, PipelineStatedO& read_do, FrgdKV& tdKrdK, FrgdKV& tdVrdV,
-                       int thread_idx, int n_block, int bidh, int bidb, SharedStorage& ss,
+                       int thread_idx, int n_block, int bidh, int bidb, int m_lo, int m_hi, SharedStorage& ss,
                        int& kv_loads) {
     // a mask's tile classes; GQA's dk_accum / dv_accum, zeroed by the preprocess, in the
     // epilogue (grid_dependency.h)
     wait_for_prior_grid();
     clear(tdKrdK);
     clear(tdVrdV);
-    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb);
+    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb, m_lo, m_hi);
     int const m_first = first_m_block(params, tile_classes(params, n_block, bidh, bidb), m_min, m_max);
     if (m_first < 0) { return false; }
 
