@@ -183,7 +183,7 @@ void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
     // the tile classes and the deterministic semaphores are laid out by the default tile
     // (up to 768 queries the default tile: its 64-row m-blocks divide 512 exactly where the
     // 80-row ones round 512 up to 560, 9% of padded rows)
-    if (!params.deterministic && params.seqlen_q > 768) {
+    if (!params.deterministic && params.seqlen_q > kFullTileMinQueries) {
       launch_bwd_main<kDType, kHeadDim, false, Full>(params, stream);
       return;
     }

@@ -79,6 +79,9 @@ TILES: Dict[int, Tile] = {
 TILES_FULL: Dict[int, Tile] = {
     128: Tile(80, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1, True),
 }
+# (a full tile keeps the default tile's key block: the split tail's workspace is sized by it,
+# registration/bwd_device.cpp)
+assert all(t.block_n == TILES[d].block_n for d, t in TILES_FULL.items())
 DEFAULT_HEAD_DIMS: Tuple[int, ...] = tuple(sorted(TILES))
 DEFAULT_DTYPES: Tuple[str, ...] = tuple(DTYPES)
 
@@ -223,6 +226,12 @@ def variants_header(selected: Sequence[Variant], main_kernel: bool) -> str:
         for d, t in sorted(TILES.items()):
             lines.append(f"    case {d}: return {getattr(t, field)};\n")
         lines.append("    default: return 0;\n  }\n}\n")
+    lines.append("// The full tile's query rows (TILES_FULL; its kBlockN is the default tile's), else\n"
+                 "// the default tile's: the dense kernel of more than kFullTileMinQueries queries.\n"
+                 "constexpr int full_tile_block_m(int head_dim) {\n  switch (head_dim) {\n")
+    for d, t in sorted(TILES.items()):
+        lines.append(f"    case {d}: return {TILES_FULL.get(d, t).block_m};\n")
+    lines.append("    default: return 0;\n  }\n}\n")
     lines.append("}  // namespace sm90_sdpa\n")
     lines += [
         "\n",

@@ -319,13 +319,14 @@ int split_tail_tiles(const BwdProblem& p) {
   if (mode == "0") return 0;
   const int heads_per_cta = gqa_heads_per_cta(p);
   if (p.heads_q != p.heads_kv && heads_per_cta == 1) return 0;  // fp32 dK / dV: one tile per CTA
-  const int bm = tile_block_m(p.head_dim), bn = tile_block_n(p.head_dim);
+  // the dense kernel's tile (run_bwd_main: a head dim's full tile past kFullTileMinQueries)
+  const int bm = p.seqlen_q > kFullTileMinQueries ? full_tile_block_m(p.head_dim) : tile_block_m(p.head_dim);
+  const int bn = tile_block_n(p.head_dim);
   if (bm <= 0 || bn <= 0 || p.heads_q % heads_per_cta != 0) return 0;
   const int64_t P = p.num_sms;
   const int64_t tiles = int64_t((p.seqlen_k + bn - 1) / bn) * (p.heads_q / heads_per_cta) * p.batch;
   const int64_t r = tiles % P;
-  // (launch_bwd_main counts M with its kernel's own tile, e.g. d128's 80-row one, and splits
-  // only where r M >= P holds there too)
+  // (launch_bwd_main checks the same counts with its kernel's tile before it splits)
   const int64_t m_blocks = (p.seqlen_q + bm - 1) / bm;
   if (tiles < 2 * P || r == 0 || r * m_blocks < P) return 0;
   if (mode != "1" && (P - r) * m_blocks < kSplitMinSavedBlocks * P) return 0;

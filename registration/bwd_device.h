@@ -162,10 +162,12 @@ constexpr bool kPersistentByDefault = true;
 // pieces of their m-blocks instead. Returns r, or 0 for no split: causal, masked or
 // deterministic calls, GQA with fp32 dK / dV accumulators, head dims without persistent CTAs,
 // persistent CTAs off, T < 2 P, r = 0, fewer split m-blocks than P, or (the rule) less than
-// kSplitMinSavedBlocks m-blocks saved per SM: (P - r) M / P, M = a tile's m-blocks.
-// TORCH_SM90_SDPA_SPLIT_TAIL (read per call) =0 splits none, =1 every problem the structure
-// allows, whatever the saving.
-constexpr int kSplitMinSavedBlocks = 4;  // about two CTAs' fixed cost (tools/cta_cost_probe.py)
+// kSplitMinSavedBlocks m-blocks saved per SM: (P - r) M / P, M = a tile's m-blocks (of the
+// tile run_bwd_main picks). TORCH_SM90_SDPA_SPLIT_TAIL (read per call) =0 splits none, =1
+// every problem the structure allows, whatever the saving.
+// Measured (H200, bf16 full, main kernel, split / whole: tools/split_probe.py): d128 b16 s1k
+// (6 m-blocks saved per SM) 1.3% slower; b8 s2k (13) 1.1% faster; s4k (25) 3.6%; s8k (50) 3.0%.
+constexpr int kSplitMinSavedBlocks = 10;
 int split_tail_tiles(const BwdProblem& problem);
 
 // Deterministic mode: the order the kernels add dQ tiles in (DeterministicOrder in

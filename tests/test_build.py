@@ -390,12 +390,18 @@ def test_split_tail_plan(monkeypatch):
     problem = _split_problem(2, 16, 16, 8192, 8192, 128)
     problem.mask_kind = 1
     assert C.workspace_layout(problem).split_tiles == 0
-    # the rule: s512 (8 m-blocks of 64 rows), 64 idle SMs x 8 m-blocks < 4 x 132
-    small = (32, 16, 16, 512, 512, 128)
-    assert (132 - 68) * (512 // bm) < C.SPLIT_MIN_SAVED_BLOCKS * 132
-    assert plan(*small) == 0
+    # the rule, with the tile run_bwd_main picks (the full tile's 80-row m-blocks past 768
+    # queries): s1024 saves (132 - 68) x 13 / 132 = 6.3 m-blocks per SM (< 10: measured slower),
+    # s2048 12.6
+    bm_full = gen.TILES_FULL[128].block_m
+    assert C.SPLIT_MIN_SAVED_BLOCKS == 10
+    assert (132 - 68) * -(-1024 // bm_full) < 10 * 132 <= (132 - 68) * -(-2048 // bm_full)
+    small = (16, 16, 16, 1024, 1024, 128)
+    assert plan(*small) == 0 and plan(8, 16, 16, 2048, 2048, 128) == 68
+    assert plan(32, 16, 16, 512, 512, 128) == 0  # 8 m-blocks of the default tile's 64 rows
+    assert bm == 64
     monkeypatch.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "1")
-    assert plan(*small) == 68
+    assert plan(*small) == 68 and plan(32, 16, 16, 512, 512, 128) == 68
     assert plan(1, 2, 2, 8192, 8192, 128) == 0  # still structural: < 2 P tiles
     monkeypatch.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "0")
     assert plan(2, 16, 16, 8192, 8192, 128) == 0
