@@ -1184,7 +1184,7 @@ class TestSpeedGate(unittest.TestCase):
         # the gate alone (d64 may not be compiled here), MHA calls; lengths between two
         # measured ones that both passed are routed (d64 is_causal 3000, d128 is_causal 6000)
         for d, s, causal in [(64, 512, True), (64, 2048, False), (64, 3000, True), (64, 16384, True),
-                             (96, 2048, False), (192, 8192, True), (256, 4096, False),
+                             (96, 2048, False), (192, 8192, True), (256, 8192, False),
                              (256, 16384, False), (256, 512, False),
                              (128, 16384, True), (128, 4097, True), (128, 32768, True),
                              (128, 6000, True), (128, 8192, True)]:
