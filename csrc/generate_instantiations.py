@@ -82,6 +82,18 @@ TILES_FULL: Dict[int, Tile] = {
 # (a full tile keeps the default tile's key block: the split tail's workspace is sized by it,
 # registration/bwd_device.cpp)
 assert all(t.block_n == TILES[d].block_n for d, t in TILES_FULL.items())
+# run_bwd_main's choice for a dense call that is not deterministic: the full tile past this
+# many queries (kFullTileMinQueries in csrc/bwd_params.h), else the default tile
+FULL_TILE_MIN_QUERIES = 768
+
+
+def dense_tile(head_dim: int, seqlen_q: int) -> "Tile":
+    """The tile of a dense, non-deterministic call of this head dim and query length."""
+    if head_dim in TILES_FULL and seqlen_q > FULL_TILE_MIN_QUERIES:
+        return TILES_FULL[head_dim]
+    return TILES[head_dim]
+
+
 DEFAULT_HEAD_DIMS: Tuple[int, ...] = tuple(sorted(TILES))
 DEFAULT_DTYPES: Tuple[str, ...] = tuple(DTYPES)
 

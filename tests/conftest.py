@@ -1,10 +1,24 @@
 """Shared helpers of the test suite: input builders and the float64 reference."""
+import importlib.util
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torch_sm90_sdpa  # noqa: F401  (registers the ops)
 from torch_sm90_sdpa.reference import causal_mask  # SDPA's top-left causal mask
+
+
+def load_generator():
+    """csrc/generate_instantiations.py as a module (TILES, TILES_FULL, dense_tile, ...): what
+    can be built, whether or not this checkout built it."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc",
+                        "generate_instantiations.py")
+    spec = importlib.util.spec_from_file_location("tsdpa_generator_for_tests", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype=torch.float64,

@@ -1,6 +1,5 @@
 """The build: build_info(), the instantiation generator, and the torch-free _C bindings
 (everything here runs on CPU; the kernels themselves are tested in test_cuda_prepost.py)."""
-import importlib.util
 import math
 import os
 import shutil
@@ -10,20 +9,13 @@ import sys
 import pytest
 import torch
 
+from conftest import load_generator
 from torch_sm90_sdpa import _extension
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load_generator():
-    path = os.path.join(ROOT, "csrc", "generate_instantiations.py")
-    spec = importlib.util.spec_from_file_location("tsdpa_gen_for_tests", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gen = _load_generator()
+gen = load_generator()
 C = _extension.load()
 needs_C = pytest.mark.skipif(C is None, reason=f"_C not loaded: {_extension.unavailable_reason()}")
 

@@ -581,18 +581,6 @@ SPLIT_CASES = {
 }
 
 
-def _generated_tiles():
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc",
-                        "generate_instantiations.py")
-    spec = importlib.util.spec_from_file_location("tsdpa_gen_for_cuda_tests", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.TILES, mod.TILES_FULL
-
-
 def split_fragment_counts(r, m_blocks, pieces):
     """The pieces covering each of the r split tiles (piece q: the m-blocks
     [q R / P, (q + 1) R / P) of the split tiles' R = r M m-blocks in a row), piece by piece."""
@@ -620,9 +608,10 @@ def test_split_tail_against_fp64(case, monkeypatch):
     monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "1")
     monkeypatch.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "1")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles_default, tiles_full = _generated_tiles()
-    tile = tiles_full[d] if d in tiles_full and sq > 768 else tiles_default[d]  # run_bwd_main's
-    groups = hq // hkv if walk == "1" else hq
+    from conftest import load_generator
+
+    tile = load_generator().dense_tile(d, sq)  # run_bwd_main's
+    groups = hkv if walk == "1" else hq  # (a walking CTA takes a kv head's whole group)
     tiles = -(-sk // tile.block_n) * groups * b
     r, m_blocks = tiles % sms, -(-sq // tile.block_m)
     if not (tiles >= 2 * sms and r > 0 and r * m_blocks >= sms):

@@ -23,7 +23,7 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "csrc")]
 from profile_bwd import kernel_ms  # noqa: E402
-from generate_instantiations import TILES, TILES_FULL  # noqa: E402
+from generate_instantiations import dense_tile  # noqa: E402
 
 import torch_sm90_sdpa  # noqa: E402,F401  (registers the ops)
 
@@ -78,7 +78,7 @@ def main():
     for row in a.rows.split(","):
         d, b, h, s = (int(x) for x in row.split(":"))
         # the tile run_bwd_main picks (the full tile from 769 queries where there is one)
-        tile = TILES_FULL[d] if d in TILES_FULL and s > 768 else TILES[d]
+        tile = dense_tile(d, s)
         heads, n_blocks = b * h, -(-s // tile.block_n)
         old = l2_section_heads(d, s, heads, l2)
         sides = []

@@ -19,7 +19,7 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "csrc")]
 from profile_bwd import kernel_ms  # noqa: E402
-from generate_instantiations import TILES, TILES_FULL  # noqa: E402
+from generate_instantiations import dense_tile  # noqa: E402
 
 import torch_sm90_sdpa  # noqa: E402,F401  (registers the ops)
 
@@ -39,7 +39,7 @@ def main():
         d, s, span = row.split(":")
         d, s = int(d), int(s)
         h0, h1 = (int(x) for x in span.split("-"))
-        tile = TILES_FULL[d] if d in TILES_FULL and s > 768 else TILES[d]
+        tile = dense_tile(d, s)
         n_blocks = -(-s // tile.block_n)
         calls = {}
         for h in range(h0, h1 + 1):
