@@ -538,9 +538,9 @@ def test_persistent_matches_one_tile_per_cta(head_dim, case, monkeypatch):
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert grid_one > sms, f"{grid_one} tiles: the case does not give a CTA several tiles"
-    # d256 keeps its dK / dV tiles in the mainloop's shared memory (kInUnion), and GQA's fp32
-    # accumulators take it too: one CTA per tile there
-    capable = head_dim != 256 and case != "gqa-accum"
+    # GQA's fp32 accumulators take the mainloop's shared memory: one CTA per tile there (every
+    # head dim's dK / dV tiles in the input dtype fit outside it, d256's in turn)
+    capable = case != "gqa-accum"
     assert grid_persistent == (sms if capable else grid_one), (grid_persistent, grid_one)
     for a, b, st, ref, name in zip(persistent, one_tile, (sdq, sdk, sdv), (rdq, rdk, rdv),
                                    ("dq", "dk", "dv")):
@@ -568,9 +568,10 @@ def test_forced_sections_against_fp64(head_dim, case, section_heads, monkeypatch
 
 
 # Split tail (TORCH_SM90_SDPA_SPLIT_TAIL=1: wherever the structure allows), shapes chosen for
-# 132 SMs: tiles split in two or three fragments (d64, d128's 80-row tile, d96), odd lengths
-# with a partial key block (d192 s6000), many fragments per tile (3000 queries, 12000 keys),
-# a walked GQA group (its fragments walk both q heads), fp16.
+# 132 SMs: tiles split in two or three fragments (d64, d128's 80-row tile, d96, d256, whose
+# epilogue stores dK and dV in turn through the dQ staging tile), odd lengths with a partial
+# key block (d192 s6000), many fragments per tile (3000 queries, 12000 keys), a walked GQA group
+# (its fragments walk both q heads), fp16.
 SPLIT_CASES = {
     "d64": (64, torch.bfloat16, (1, 5, 5, 8192, 8192), "0"),
     "d128": (128, torch.bfloat16, (1, 5, 5, 8192, 8192), "0"),
@@ -578,6 +579,7 @@ SPLIT_CASES = {
     "d96": (96, torch.bfloat16, (1, 3, 3, 12288, 12288), "0"),
     "d192-s6000": (192, torch.bfloat16, (1, 3, 3, 6000, 6000), "0"),
     "d128-gqa-walk": (128, torch.bfloat16, (1, 8, 4, 9000, 9000), "1"),
+    "d256": (256, torch.bfloat16, (1, 6, 6, 4096, 4096), "0"),
 }
 
 

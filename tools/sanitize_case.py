@@ -3,9 +3,9 @@
 MHA and GQA epilogues, both tile families, masked calls (bool and additive masks, with
 empty, partial and full tiles, broadcast over heads and batch), and the deterministic mode
 (its dQ turn counters; GQA's per-q-head dK / dV; a mask) on three of them, a finite-fill
-bias (the score-bound pass of the classification), and two calls of more tiles than SMs (with
-TORCH_SM90_SDPA_PERSISTENT=1 in the environment, CTAs that take several tiles), and two full
-calls whose last partial wave is split into pieces (TORCH_SM90_SDPA_SPLIT_TAIL=1, set here:
+bias (the score-bound pass of the classification), three calls of more tiles than SMs (with
+TORCH_SM90_SDPA_PERSISTENT=1 in the environment, CTAs that take several tiles; d256's epilogue
+stores through the dQ staging tile), and three full calls whose last partial wave is split into pieces (TORCH_SM90_SDPA_SPLIT_TAIL=1, set here:
 fragments of tiles, their fp32 sums and counts). The GQA cases run twice: with one q head
 per CTA and with each CTA walking its group (TORCH_SM90_SDPA_GQA_WALK=1, read per call).
 Cases of head dims that were not built (TORCH_SM90_SDPA_HEAD_DIMS) are skipped and counted; the
@@ -35,9 +35,12 @@ CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal, mask, deterministic)
     # key blocks that see no query between them (causal, Sk > Sq)
     (2, 16, 16, 700, 1100, 128, True, None, False),
     (2, 16, 16, 1000, 1000, 64, False, "padding bool [B,1,S,S]", False),
+    # d256's persistent epilogue: dK, then dV, through the dQ staging tile
+    (2, 8, 8, 700, 1100, 256, True, None, False),
     # full attention, 320 tiles on 132 SMs: the last 56 split into 132 pieces (split tail)
     (1, 5, 5, 640, 8192, 128, False, None, False),
     (1, 5, 5, 512, 8192, 64, False, None, False),
+    (1, 5, 5, 512, 8192, 256, False, None, False),  # 640 tiles: the last 112 split
 ]
 # (structural only: the other cases are causal, masked or too small to split)
 os.environ["TORCH_SM90_SDPA_SPLIT_TAIL"] = "1"

@@ -54,15 +54,17 @@ struct BwdEpilogue {
 
   // Tiles in the input dtype (MHA, a walked GQA group) go where the next tile's loads do not:
   // both into the dQ staging tile, or dK into the dS buffers and dV into the dQ staging tile,
-  // whichever fits (kPlacement). Else (d256: 32 KB tiles, 16 KB of dS) into the union, and a
-  // CTA takes one tile only (BwdKernel::kPersistentCapable).
+  // or (d256: 32 KB tiles, 16 KB of dS) one after the other into the staging tile, the second
+  // once the first one's store has read it, whichever fits first (kPlacement). Else into the
+  // union, and a CTA takes one tile only (BwdKernel::kPersistentCapable).
   static constexpr int kTileBytes = kBlockN * kHeadDim * int(sizeof(Element));
   static constexpr int kStagingBytes = cute::cosize_v<typename Mainloop::SmemLayoutdQ> * int(sizeof(ElementAccum));
   static constexpr int kdSBytes = cute::cosize_v<typename Mainloop::SmemLayoutPdS> * int(sizeof(Element));
-  enum : int { kInUnion = 0, kBothInStaging = 1, kdKIndSdVInStaging = 2 };
+  enum : int { kInUnion = 0, kBothInStaging = 1, kdKIndSdVInStaging = 2, kInTurnInStaging = 3 };
   static constexpr int kPlacement = kStagingBytes >= 2 * kTileBytes ? kBothInStaging
                                     : (kStagingBytes >= kTileBytes && kdSBytes >= kTileBytes) ? kdKIndSdVInStaging
-                                                                                             : kInUnion;
+                                    : kStagingBytes >= kTileBytes                              ? kInTurnInStaging
+                                                                                               : kInUnion;
   static constexpr bool kTilesOutsideMainloop = kPlacement != kInUnion;
   static_assert(kTileBytes % 1024 == 0, "a tile placed after another keeps the swizzle's 1 KB alignment");
 
@@ -162,25 +164,37 @@ struct BwdEpilogue {
   }
 
   // dK (times k_scale) and dV as T into the two smem tiles, then one thread issues the two TMA
-  // copies (a store or a reduce-add, as the TMA objects say) into head `head` and waits for them.
-  template <class T, class SmemLayout, class TmaCopy, class FrgdKV>
+  // copies (a store or a reduce-add, as the TMA objects say) into head `head` and waits until
+  // they have read shared memory. kOneBuffer (sk == sv, kInTurnInStaging): dK's copy has read
+  // the tile before dV is written into it.
+  template <bool kOneBuffer, class T, class SmemLayout, class TmaCopy, class FrgdKV>
   CUTE_DEVICE static void store_tiles(TmaCopy const& tma_dk, TmaCopy const& tma_dv, T* sk, T* sv,
                                       FrgdKV const& tdKrdK, FrgdKV const& tdVrdV, float k_scale,
                                       ShapeQKV const& shape, int thread_idx, int n_block, int head,
                                       int bidb) {
+    auto issue = [&](TmaCopy const& tma, T* smem) {
+      Tensor sT = make_tensor(make_smem_ptr(smem), SmemLayout{});
+      Tensor gT = local_tile(tma.get_tma_tensor(shape)(_, _, head, bidb),
+                             Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
+      auto slice = tma.get_slice(_0{});
+      copy(tma, slice.partition_S(sT), slice.partition_D(gT));
+    };
     write_tile<T, SmemLayout>(sk, tdKrdK, thread_idx, k_scale);
+    if constexpr (kOneBuffer) {
+      cutlass::arch::fence_view_async_shared();
+      named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
+      if (thread_idx == 0) {
+        issue(tma_dk, sk);
+        tma_store_arrive();
+        tma_store_wait<0>();
+      }
+      named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);  // dK's copy has read the buffer
+    }
     write_tile<T, SmemLayout>(sv, tdVrdV, thread_idx, 1.f);
     cutlass::arch::fence_view_async_shared();
     named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
     if (thread_idx == 0) {
-      auto issue = [&](TmaCopy const& tma, T* smem) {
-        Tensor sT = make_tensor(make_smem_ptr(smem), SmemLayout{});
-        Tensor gT = local_tile(tma.get_tma_tensor(shape)(_, _, head, bidb),
-                               Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
-        auto slice = tma.get_slice(_0{});
-        copy(tma, slice.partition_S(sT), slice.partition_D(gT));
-      };
-      issue(tma_dk, sk);
+      if constexpr (!kOneBuffer) { issue(tma_dk, sk); }
       issue(tma_dv, sv);
       tma_store_arrive();
       tma_store_wait<0>();
@@ -250,7 +264,7 @@ struct BwdEpilogue {
       Element* sv;
       if constexpr (kTilesOutsideMainloop) {
         Element* staging = reinterpret_cast<Element*>(ss.dq.smem_dq.data());
-        sk = kPlacement == kBothInStaging ? staging : ss.tensors.mainloop.smem_ds.data();
+        sk = kPlacement == kdKIndSdVInStaging ? ss.tensors.mainloop.smem_ds.data() : staging;
         sv = kPlacement == kBothInStaging ? staging + kTileBytes / int(sizeof(Element)) : staging;
         // the dQ writer is done reading the staging tile (its arrival after the last reduce-add;
         // the mainloop takes the first turn again at its next tile)
@@ -259,22 +273,23 @@ struct BwdEpilogue {
         sk = reinterpret_cast<Element*>(ss.tensors.epilogue.smem_dk.data());
         sv = reinterpret_cast<Element*>(ss.tensors.epilogue.smem_dv.data());
       }
-      store_tiles<Element, SmemLayoutdKV>(params.tma_store_dK, params.tma_store_dV, sk, sv, tdKrdK, tdVrdV,
-                                          params.scale, params.shape_dKV, thread_idx, n_block, bidh_kv, bidb);
+      store_tiles<kPlacement == kInTurnInStaging, Element, SmemLayoutdKV>(
+          params.tma_store_dK, params.tma_store_dV, sk, sv, tdKrdK, tdVrdV, params.scale, params.shape_dKV,
+          thread_idx, n_block, bidh_kv, bidb);
       if constexpr (kTilesOutsideMainloop) {
         // the stores have read the tiles: the next tile's dS and dQ may take the buffers
         named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
       }
     } else if (params.per_qhead) {  // deterministic GQA: unscaled fp32, this q head's tile
       auto& st = ss.tensors.epilogue;
-      store_tiles<float, SmemLayoutdKVAccum>(params.tma_store_dK_per_qhead, params.tma_store_dV_per_qhead,
-                                             st.smem_dk.data(), st.smem_dv.data(), tdKrdK, tdVrdV, 1.f,
-                                             params.shape_dKV, thread_idx, n_block, bidh, bidb);
+      store_tiles<false, float, SmemLayoutdKVAccum>(params.tma_store_dK_per_qhead, params.tma_store_dV_per_qhead,
+                                                    st.smem_dk.data(), st.smem_dv.data(), tdKrdK, tdVrdV, 1.f,
+                                                    params.shape_dKV, thread_idx, n_block, bidh, bidb);
     } else {  // GQA: unscaled fp32, added into the group's accumulators
       auto& st = ss.tensors.epilogue;
-      store_tiles<float, SmemLayoutdKVAccum>(params.tma_add_dK, params.tma_add_dV, st.smem_dk.data(),
-                                             st.smem_dv.data(), tdKrdK, tdVrdV, 1.f, params.shape_dKV,
-                                             thread_idx, n_block, bidh_kv, bidb);
+      store_tiles<false, float, SmemLayoutdKVAccum>(params.tma_add_dK, params.tma_add_dV, st.smem_dk.data(),
+                                                    st.smem_dv.data(), tdKrdK, tdVrdV, 1.f, params.shape_dKV,
+                                                    thread_idx, n_block, bidh_kv, bidb);
     }
   }
 };
