@@ -55,8 +55,9 @@ struct BwdEpilogue {
   // Tiles in the input dtype (MHA, a walked GQA group) go where the next tile's loads do not:
   // both into the dQ staging tile, or dK into the dS buffers and dV into the dQ staging tile,
   // or (d256: 32 KB tiles, 16 KB of dS) one after the other into the staging tile, the second
-  // once the first one's store has read it, whichever fits first (kPlacement). Else into the
-  // union, and a CTA takes one tile only (BwdKernel::kPersistentCapable).
+  // once the first one's store has read it, whichever fits first (kPlacement); the last one
+  // only where a CTA takes several tiles (Params::one_tile_per_cta: else both into the union
+  // at once). Else into the union, and a CTA takes one tile only (BwdKernel::kPersistentCapable).
   static constexpr int kTileBytes = kBlockN * kHeadDim * int(sizeof(Element));
   static constexpr int kStagingBytes = cute::cosize_v<typename Mainloop::SmemLayoutdQ> * int(sizeof(ElementAccum));
   static constexpr int kdSBytes = cute::cosize_v<typename Mainloop::SmemLayoutPdS> * int(sizeof(Element));
@@ -90,6 +91,7 @@ struct BwdEpilogue {
     TMA_dKVAccumStore tma_store_dV_per_qhead;
     float scale;
     int qhead_per_khead;
+    bool one_tile_per_cta;  // set by the launch: the grid has a CTA per tile
     bool gqa;        // dK / dV go to the fp32 accumulators (GQA, one q head per CTA)
     bool per_qhead;  // deterministic GQA: one fp32 tile per q head, stored
     // split tail (BwdParams): per split tile, its fragments' count and fp32 dK / dV sums
@@ -260,23 +262,25 @@ struct BwdEpilogue {
         }
         return;
       }
-      Element* sk;
-      Element* sv;
-      if constexpr (kTilesOutsideMainloop) {
+      // Both tiles at once into the union where nothing loads after the mainloop: kInUnion, and
+      // kInTurnInStaging's launches of one tile per CTA
+      bool in_union = !kTilesOutsideMainloop;
+      if constexpr (kPlacement == kInTurnInStaging) { in_union = params.one_tile_per_cta; }
+      if (in_union) {
+        store_tiles<false, Element, SmemLayoutdKV>(
+            params.tma_store_dK, params.tma_store_dV, reinterpret_cast<Element*>(ss.tensors.epilogue.smem_dk.data()),
+            reinterpret_cast<Element*>(ss.tensors.epilogue.smem_dv.data()), tdKrdK, tdVrdV, params.scale,
+            params.shape_dKV, thread_idx, n_block, bidh_kv, bidb);
+      } else if constexpr (kTilesOutsideMainloop) {
         Element* staging = reinterpret_cast<Element*>(ss.dq.smem_dq.data());
-        sk = kPlacement == kdKIndSdVInStaging ? ss.tensors.mainloop.smem_ds.data() : staging;
-        sv = kPlacement == kBothInStaging ? staging + kTileBytes / int(sizeof(Element)) : staging;
+        Element* sk = kPlacement == kdKIndSdVInStaging ? ss.tensors.mainloop.smem_ds.data() : staging;
+        Element* sv = kPlacement == kBothInStaging ? staging + kTileBytes / int(sizeof(Element)) : staging;
         // the dQ writer is done reading the staging tile (its arrival after the last reduce-add;
         // the mainloop takes the first turn again at its next tile)
         if (tile_valid) { named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty); }
-      } else {
-        sk = reinterpret_cast<Element*>(ss.tensors.epilogue.smem_dk.data());
-        sv = reinterpret_cast<Element*>(ss.tensors.epilogue.smem_dv.data());
-      }
-      store_tiles<kPlacement == kInTurnInStaging, Element, SmemLayoutdKV>(
-          params.tma_store_dK, params.tma_store_dV, sk, sv, tdKrdK, tdVrdV, params.scale, params.shape_dKV,
-          thread_idx, n_block, bidh_kv, bidb);
-      if constexpr (kTilesOutsideMainloop) {
+        store_tiles<kPlacement == kInTurnInStaging, Element, SmemLayoutdKV>(
+            params.tma_store_dK, params.tma_store_dV, sk, sv, tdKrdK, tdVrdV, params.scale, params.shape_dKV,
+            thread_idx, n_block, bidh_kv, bidb);
         // the stores have read the tiles: the next tile's dS and dQ may take the buffers
         named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
       }
