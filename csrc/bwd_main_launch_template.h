@@ -142,9 +142,9 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   // Persistent: one CTA per SM (the shared memory allows one), each taking tiles in turn.
   // Not for GQA's fp32 dK / dV accumulators (their tiles take the mainloop's shared memory)
   // nor in deterministic mode (its turns are laid out for one CTA per tile).
-  bool persistent = p.persistent && Kernel::kPersistentCapable && !dkv_accum && !p.deterministic &&
-                    p.num_sms > 0 && p.tile_counter != nullptr;
-  dim3 grid = Scheduler::grid_shape(sched, persistent ? p.num_sms : 0);
+  bool const persistent = p.persistent && Kernel::kPersistentCapable && !dkv_accum && !p.deterministic &&
+                          p.num_sms > 0 && p.tile_counter != nullptr;
+  dim3 const grid = Scheduler::grid_shape(sched, persistent ? p.num_sms : 0);
   // Split tail (tile_scheduler.h): full attention (equal tiles) as the device layer planned it
   // (make_params), where this kernel's tile gives the same tile count and slot size; every
   // piece holds at least one m-block (r M >= P) and every CTA's first unit is a whole tile.
@@ -158,18 +158,10 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
       sched.split_m_blocks = m_blocks;
     }
   }
-  // d256 (kInTurnInStaging): a persistent CTA stores dK and dV one after the other through the
-  // dQ staging tile, where one tile per CTA stores both at once from the mainloop's (then idle)
-  // shared memory; the in-turn epilogue cost more than persistence saved at short lengths (H200,
-  // BENCHMARKS.md, twenty-sixth session), so such a variant is persistent only for a split tail.
-  if (Epilogue::kPlacement == Epilogue::kInTurnInStaging && persistent && sched.split_tiles == 0) {
-    persistent = false;
-    grid = Scheduler::grid_shape(sched, 0);
-  }
 
   typename Kernel::Params kparams{Mainloop::to_params(p), Epilogue::to_params(p), sched};
-  // every CTA takes one tile: nothing is loaded after its mainloop (the epilogue may use the
-  // mainloop's shared memory)
+  // every CTA takes one tile: nothing is loaded after its mainloop (d256's epilogue then writes
+  // dK and dV at once into the mainloop's shared memory instead of in turn into the staging tile)
   kparams.epilogue.one_tile_per_cta = int64_t(grid.x) >= Scheduler::num_tiles(sched);
 
   auto kernel_fn = kernel::bwd_main_kernel<Kernel>;

@@ -538,10 +538,9 @@ def test_persistent_matches_one_tile_per_cta(head_dim, case, monkeypatch):
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert grid_one > sms, f"{grid_one} tiles: the case does not give a CTA several tiles"
-    # GQA's fp32 accumulators take the mainloop's shared memory: one CTA per tile there; d256
-    # (its dK / dV tiles in turn through the dQ staging tile) is persistent only for a split
-    # tail, which none of these cases plans (full attention, 1024 tiles: 6.3 m-blocks saved per SM)
-    capable = case != "gqa-accum" and head_dim != 256
+    # GQA's fp32 accumulators take the mainloop's shared memory: one CTA per tile there (every
+    # head dim's dK / dV tiles in the input dtype fit outside it, d256's in turn)
+    capable = case != "gqa-accum"
     assert grid_persistent == (sms if capable else grid_one), (grid_persistent, grid_one)
     for a, b, st, ref, name in zip(persistent, one_tile, (sdq, sdk, sdv), (rdq, rdk, rdv),
                                    ("dq", "dk", "dv")):
