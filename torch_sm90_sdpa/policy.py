@@ -487,11 +487,11 @@ def describe_lengths(table: dict) -> str:
 # H200; each row's slowest run, the
 # one-tile runs as lower bounds of the persistent kernel): ours ahead at head dim 64 from 512
 # keys (1.02-1.12x), at 96 and 192 on the rows measured from 2k keys (1.08-1.31x), at 256 full
-# at 512 / 1k and from 4k keys (1.01-1.08x; 2k 1.009x back to back), at 128 is_causal (MHA)
-# from 4097 keys (1.01-1.07x; 512-4096 0.90-0.98x), nowhere at 128 full (0.97-1.008x on the H100 from 1k keys) nor at 256 is_causal
-# (0.92-0.98x) -> causal {64: >= 512, 96: >= 2048, 128 (MHA): >= 4097, 192: >= 2048}, full
-# {64: >= 512, 96: >= 2048, 192: >= 2048, 256: 512..1024 or >= 4096} (docs/ROUTING.md, "The
-# speed gate").
+# from 8k keys (512 / 1k / 2k / 4k: 0.96 / 0.98 / 0.98 / 0.99x back to back in run 20), at 128
+# is_causal (MHA) from 4097 keys (1.01-1.07x; 512-4096 0.90-0.98x), nowhere at 128 full
+# (0.97-1.008x on the H100 from 1k keys) nor at 256 is_causal (0.86-0.99x) -> causal {64: >= 512,
+# 96: >= 2048, 128 (MHA): >= 4097, 192: >= 2048}, full {64: >= 512, 96: >= 2048, 192: >= 2048,
+# 256: >= 8192} (docs/ROUTING.md, "The speed gate"; the table is generated, this is a reading).
 # FA2 (flash) and the memory-efficient backward were slower than ours on every row, so those
 # nodes are always routed (also under deterministic algorithms, where they are torch's
 # deterministic kernels, 1.5-3.4x slower than our deterministic mode).
