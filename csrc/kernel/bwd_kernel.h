@@ -198,8 +198,9 @@ struct BwdKernel {
   // from the scheduler's counter each time it is done issuing an item's loads (a unit is a
   // tile, or a split-tail piece of one or two fragments: Scheduler), until the units run out;
   // each item id (and last, items_end: the end) goes to the two-slot ring before the item's
-  // loads. A variant that cannot be persistent has no tile loop at all: one around its MMA
-  // warps' code kept per-thread addresses live across it (d256: 356 B of spill).
+  // loads. A variant that cannot be persistent (none built today) has no tile loop at all: one
+  // around its MMA warps' code keeps per-thread addresses live across it (d256 spills 580 B
+  // with it, 0 without; all of it outside the m-loop, docs/KERNEL.md).
   template <class F>
   CUTE_DEVICE static void produce_tiles(Params const& params, SharedStorage& ss, F&& f) {
     if constexpr (!kPersistentCapable) {
