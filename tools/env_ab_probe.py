@@ -4,7 +4,10 @@ rounds; the main kernel and every kernel of the backward (device ms from the pro
 beside the split-tail plan (split tiles r of T).
     python tools/env_ab_probe.py [--env TORCH_SM90_SDPA_SPLIT_TAIL] [--b-value 0]
                                  [--rows 128:2:16:8192,256:2:8:8192:c,...] [--rounds 3] [--dtype bf16]
-A row is D:B:H:S (MHA, full attention, Sq = Sk = S), or D:B:H:S:c (is_causal). Examples:
+A row is D:B:H:S (MHA, full attention, Sq = Sk = S), or D:B:H:S:c (is_causal). --walls adds
+each side's synchronized call as the benchmarks time it (CUDA events around one call, then a
+sync; with the GPU span and the kernel sum: profile_bwd.call_spans), where host time and the
+gaps between kernels show. Examples:
 the split tail (the default: split against whole tiles, =0) and persistent CTAs
 (--env TORCH_SM90_SDPA_PERSISTENT: persistent against one CTA per tile, =0).
 """
@@ -17,7 +20,7 @@ import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [os.path.join(ROOT, "benchmarks")]
-from profile_bwd import kernel_ms  # noqa: E402
+from profile_bwd import call_spans, kernel_ms  # noqa: E402
 
 import torch_sm90_sdpa  # noqa: E402,F401  (registers the ops)
 from torch_sm90_sdpa import _cuda_backend as cb  # noqa: E402
@@ -43,6 +46,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--walls", action="store_true", help="also time synchronized calls (event wall)")
     a = ap.parse_args()
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -65,12 +69,16 @@ def main():
         plan, _ = cb.make_params(do, q, k, v, o, lse, causal, scale, False)
         main_ms = {name: [] for name, _ in sides}
         total = {name: [] for name, _ in sides}
+        walls = {name: [] for name, _ in sides}  # (event wall, GPU span, kernel sum) per round
+        call = lambda: ops.sdpa_backward(do, q, k, v, o, lse, causal, scale, False)  # noqa: E731
         for _ in range(a.rounds):
             for name, value in sides:
                 set_side(a.env, value)
-                per = kernel_ms(lambda: ops.sdpa_backward(do, q, k, v, o, lse, causal, scale, False), a.reps)
+                per = kernel_ms(call, a.reps)
                 main_ms[name].append(sum(ms for n, ms in per.items() if "bwd_main_kernel" in n))
                 total[name].append(sum(per.values()))
+                if a.walls:
+                    walls[name].append(call_spans(call, a.reps))
         set_side(a.env, None)
         med = {n: (statistics.median(main_ms[n]), statistics.median(total[n])) for n, _ in sides}
         (ms_a, tot_a), (ms_b, tot_b) = med["A"], med["B"]
@@ -79,6 +87,10 @@ def main():
               f"{ms_b:.3f} ms ({ms_b / ms_a:.3f}x; rounds "
               + " ".join(f"{x:.3f}/{y:.3f}" for x, y in zip(main_ms['A'], main_ms['B']))
               + f"); all kernels {tot_a:.3f} / {tot_b:.3f} ms ({tot_b / tot_a:.3f}x)", flush=True)
+        if a.walls:
+            wa, wb = ([statistics.median(w[i] for w in walls[n]) for i in range(3)] for n in ("A", "B"))
+            print(f"    synchronized call: event wall {wa[0]:.3f} / {wb[0]:.3f} ms ({wb[0] / wa[0]:.3f}x), "
+                  f"GPU span {wa[1]:.3f} / {wb[1]:.3f}, kernel sum {wa[2]:.3f} / {wb[2]:.3f}", flush=True)
         del q, k, v, do, o, lse
         torch.cuda.empty_cache()
 
