@@ -364,7 +364,8 @@ def test_split_tail_plan(monkeypatch):
     on persistent CTAs deals its last T mod P tiles as P pieces, where that saves at least
     SPLIT_MIN_SAVED_BLOCKS m-blocks per SM; never for causal, masked or deterministic calls,
     GQA with fp32 accumulators, fewer than 2 P tiles, r = 0, or an unknown SM count (every head
-    dim, d256 included: its epilogue stores through the dQ staging tile in turn). TORCH_SM90_SDPA_SPLIT_TAIL=0 plans none, =1 every structural case."""
+    dim, d256 included: its epilogue stores through the dQ staging tile in turn).
+    TORCH_SM90_SDPA_SPLIT_TAIL=0 plans none, =1 every structural case."""
     for var in ("TORCH_SM90_SDPA_SPLIT_TAIL", "TORCH_SM90_SDPA_PERSISTENT", "TORCH_SM90_SDPA_GQA_WALK"):
         monkeypatch.delenv(var, raising=False)
     plan = lambda *a, **kw: C.workspace_layout(_split_problem(*a, **kw)).split_tiles  # noqa: E731
@@ -374,7 +375,8 @@ def test_split_tail_plan(monkeypatch):
     assert plan(2, 16, 16, 8192, 8192, 128, num_sms=0) == 0
     assert plan(2, 16, 16, 8192, 8192, 128, is_causal=True) == 0
     assert plan(2, 16, 16, 8192, 8192, 128, deterministic=True) == 0
-    assert plan(2, 8, 8, 8192, 8192, 256) == 8192 // gen.TILES[256].block_n * 16 % 132 == 68  # d256's grid row
+    # d256's grid row (b2 h8 s8192): 2048 tiles of 64 keys
+    assert plan(2, 8, 8, 8192, 8192, 256) == 8192 // gen.TILES[256].block_n * 16 % 132 == 68
     assert plan(2, 32, 2, 8192, 8192, 128) == 0   # a group of 16: fp32 accumulators
     assert plan(2, 32, 8, 8192, 8192, 128) == 64 * 2 * 8 % 132  # walked groups of 4
     assert plan(1, 33, 33, 8192, 8192, 128) == 0  # 2112 tiles: 16 whole waves

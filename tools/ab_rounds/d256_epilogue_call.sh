@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call (twenty-sixth session): d256's epilogue with persistent CTAs. Tree a = this
-# tree (persistent only where a split tail is planned; one tile per CTA stores dK / dV from the
+# One device call (twenty-sixth session), run at bda6d2b (the patch applies to that commit
+# only: 1bbebcf landed its rule): d256's epilogue with persistent CTAs. Tree a = bda6d2b
+# (persistent only where a split tail is planned; one tile per CTA stores dK / dV from the
 # union), tree b = patches/d256-always-persistent.patch (persistent wherever allowed, dK / dV in
 # turn through the dQ staging tile). d256 bf16 built in both; tests/test_cuda_backward.py -k 256
 # in both; then two alternating rounds of tools/env_ab_probe.py --env TORCH_SM90_SDPA_PERSISTENT
