@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device call (twenty-seventh session): d256's dK / dV wgmma layout. Tree a = this commit
+# (TILES[256] atom_n_dkv = 2: each warpgroup computes dV^T / dK^T for all 256 rows of the head
+# dim and 32 of the 64 keys, four m64n32k16 per k-step with P / dS read as N = 32: 3 KB of
+# shared-memory operands per 16 tensor cycles, 1.5x what shared memory serves); tree b =
+# patches/d256-ndkv1.patch (atom_n_dkv = 1: the warpgroups split the head dim, two m64n64k16
+# per k-step: 8 KB per 64 cycles, at the limit; 32 KB fewer operand bytes per m-block for dV
+# and for dK, the same tensor work). d256 bf16 built in both; the d256 GPU tests in both;
+# two alternating rounds of tools/env_ab_probe.py --env TORCH_SM90_SDPA_PERSISTENT over the
+# FA grid's d256 rows (side A of each tree: the default, persistent); memcheck in tree b; then
+# bench_bwd.py --dims 256 in tree b then tree a (ours / cuDNN of each, synchronized).
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/ab_rounds/d256_ndkv1_call.sh "$OUT"   (carry .whl)
+set -uo pipefail
+source "$(dirname "$0")/../call_header.sh" "$@"
+rows=""
+for s in 512 1024 2048 4096 8192 16384; do rows="$rows,256:$((16384 / s)):8:$s:c,256:$((16384 / s)):8:$s"; done
+TORCH_SM90_SDPA_HEAD_DIMS=256 \
+  TESTS="-n 6 -q -p no:cacheprovider tests/test_cuda_backward.py tests/test_cuda_masks.py tests/test_cuda_deterministic.py -k 256" \
+  bash tools/ab_session.sh /tmp/abndkv tools/ab_rounds/patches/d256-ndkv1.patch 2 -- \
+  python3 tools/env_ab_probe.py --env TORCH_SM90_SDPA_PERSISTENT --b-value 0 --rounds 2 --rows "${rows#,}" \
+  > "$OUTD/ab_session.txt" 2>&1
+stamp "ab_session: exit $?"
+for side in a b; do
+  stamp "tests $side: $(grep -E '[0-9]+ (passed|failed)' /tmp/abndkv/$side/tests.log | tail -n 1)"
+  cp /tmp/abndkv/$side.txt "$OUTD/probe_$side.txt"
+  grep -E "FAILED|Error" /tmp/abndkv/$side/tests.log | head -n 10
+done
+tree_b=/tmp/torch_sm90_sdpa_ab_b
+(cd "$tree_b" && PYTHONPATH="$tree_b/build/gpu_deps:$tree_b" timeout 150 compute-sanitizer --tool memcheck \
+  python3 tools/sanitize_case.py > /tmp/abndkv/memcheck_b.txt 2>&1)
+stamp "memcheck (tree b): exit $?, $(grep 'ERROR SUMMARY' /tmp/abndkv/memcheck_b.txt | tail -n 1), $(grep sanitize_case /tmp/abndkv/memcheck_b.txt | tail -n 1)"
+for side in b a; do
+  tree=$ROOT; [ "$side" = b ] && tree=$tree_b
+  (cd "$tree" && PYTHONPATH="$tree/build/gpu_deps:$tree" timeout 100 python3 benchmarks/bench_bwd.py --dims 256 --no-gqa \
+    > "$OUTD/bench_$side.txt" 2>&1)
+  stamp "bench d256 tree $side: exit $?, $(grep 'ours / cudnn' "$OUTD/bench_$side.txt" | tail -n 1)"
+done
+grep -E "^d256" "$OUTD/probe_a.txt" "$OUTD/probe_b.txt"
+grep -E "^d=256" "$OUTD/bench_a.txt" "$OUTD/bench_b.txt"
+cat "$OUTD/summary.txt"
