@@ -70,8 +70,13 @@ TILES: Dict[int, Tile] = {
     96: Tile(64, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1),
     128: Tile(64, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1),
     192: Tile(64, 64, 2, 2, 2, 1, False, True, 1, 2, 1, 1),
-    256: Tile(64, 64, 2, 2, 1, 1, False, True, 1, 2, 1, 2),
+    256: Tile(64, 64, 2, 2, 1, 1, False, True, 1, 1, 1, 2),
 }
+# d256's dK / dV (swapped, M = the head dim): atom_n_dkv 1, the warpgroups split the head dim
+# and each takes all 64 keys (two m64n64k16 per k-step: 8 KB of shared-memory operands per 64
+# tensor cycles, what shared memory serves); split along the keys (2, d192's), each issues four
+# m64n32k16 (12 KB per 64 cycles, 1.5x over). Main kernel 1-5% faster on every FA-grid d256
+# row (A/B, twenty-seventh session). d192 keeps 2: its three m64 atoms do not split in two.
 # Head dims whose dense kernel has a tile of its own for calls that are not deterministic
 # (causal or full; FullBwdConfig<D>: a third kernel in bwd_main_<dtype>_hdim<D>_full.cu). The
 # masked and deterministic kernels keep TILES' tile: the mask classification and the
@@ -293,7 +298,9 @@ def tile_table_markdown() -> str:
     tiles += [(f"{d}, not deterministic", t) for d, t in sorted(TILES_FULL.items())]
     for d, t in tiles:
         sdp = "S^T = K Q^T (swapped)" if t.swap_sdp else "S = Q K^T"
-        dkv = ("dV^T = dO^T P, dK^T = Q^T dS (SS)" if t.swap_dkv else
+        # swapped dK / dV: the warpgroups split the keys (N) or the head dim (M, atom_n_dkv 1)
+        split = "keys" if t.atom_n_dkv > 1 else "head dim"
+        dkv = (f"dV^T = dO^T P, dK^T = Q^T dS (SS, warpgroups split the {split})" if t.swap_dkv else
                "RS: P^T, dS^T from registers" if t.swap_sdp else "SS")
         dq = f"{t.dq_slices}" + (" (dQ^T = K^T dS^T)" if t.swap_dq else "")
         rows.append(f"| {d} | {t.block_m} x {t.block_n} | {t.mma_wg} | "
