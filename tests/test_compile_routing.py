@@ -1083,7 +1083,7 @@ class TestSpeedGate(unittest.TestCase):
                                             lse=lse, is_causal=causal)
 
     def test_cudnn_kept_where_it_is_faster(self):
-        # (the shipped table: bench_bwd --extra runs of ten commits on H200s and an H100, each
+        # (the shipped table: bench_bwd --extra runs of fourteen commits on H200s and an H100, each
         # row's slowest: d128 full under 1.01x of cuDNN at every length (0.97-1.008x on the
         # H100), d128 is_causal at 512-4096 keys, so for these MHA calls only is_causal from
         # 4097 passes; d256 is_causal nowhere (0.86-0.99x), d256 full not at 512 / 1024 keys
