@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# One device call (twenty-seventh session): d256's dK / dV wgmma layout. Tree a = this commit
-# (TILES[256] atom_n_dkv = 2: each warpgroup computes dV^T / dK^T for all 256 rows of the head
-# dim and 32 of the 64 keys, four m64n32k16 per k-step with P / dS read as N = 32: 3 KB of
-# shared-memory operands per 16 tensor cycles, 1.5x what shared memory serves); tree b =
-# patches/d256-ndkv1.patch (atom_n_dkv = 1: the warpgroups split the head dim, two m64n64k16
-# per k-step: 8 KB per 64 cycles, at the limit; 32 KB fewer operand bytes per m-block for dV
-# and for dK, the same tensor work). d256 bf16 built in both; the d256 GPU tests in both;
-# two alternating rounds of tools/env_ab_probe.py --env TORCH_SM90_SDPA_PERSISTENT over the
-# FA grid's d256 rows (side A of each tree: the default, persistent); memcheck in tree b; then
-# bench_bwd.py --dims 256 in tree b then tree a (ours / cuDNN of each, synchronized).
-#   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/ab_rounds/d256_ndkv1_call.sh "$OUT"   (carry .whl)
+# One device call: a d256 kernel change as a patch, A/B against this commit. Tree a = this
+# commit, tree b = PATCH applied; d256 bf16 built in both; the d256 GPU tests of
+# test_cuda_backward.py, test_cuda_masks.py and test_cuda_deterministic.py (-k 256, the
+# gradient criterion against float64 among them) in both; two alternating rounds of
+# tools/env_ab_probe.py --env TORCH_SM90_SDPA_PERSISTENT over the FA grid's d256 rows (side A of
+# each tree: the default, persistent; compare tree a's side A with tree b's); memcheck in tree
+# b; then bench_bwd.py --dims 256 in tree b, then tree a (ours / cuDNN of each, synchronized).
+#   GIT_COMMIT=$(git rev-parse --short HEAD) PATCH=tools/ab_rounds/patches/X.patch \
+#     bash tools/ab_rounds/d256_patch_ab_call.sh "$OUT"   (carry .whl)
+# Runs: twenty-seventh session's call 2 at f2d0d4d with PATCH=.../d256-ndkv1.patch (atom_n_dkv
+# 1, landed in b63d144: that patch applies to f2d0d4d only); prepared for the next session:
+# PATCH=.../d256-sdp-by-wg.patch (S on warpgroup 0, dP on warpgroup 1; compiled, not yet run).
 set -uo pipefail
 source "$(dirname "$0")/../call_header.sh" "$@"
 rows=""
 for s in 512 1024 2048 4096 8192 16384; do rows="$rows,256:$((16384 / s)):8:$s:c,256:$((16384 / s)):8:$s"; done
 TORCH_SM90_SDPA_HEAD_DIMS=256 \
   TESTS="-n 6 -q -p no:cacheprovider tests/test_cuda_backward.py tests/test_cuda_masks.py tests/test_cuda_deterministic.py -k 256" \
-  bash tools/ab_session.sh /tmp/abndkv tools/ab_rounds/patches/d256-ndkv1.patch 2 -- \
+  bash tools/ab_session.sh /tmp/abndkv "${PATCH:?PATCH=tools/ab_rounds/patches/X.patch}" 2 -- \
   python3 tools/env_ab_probe.py --env TORCH_SM90_SDPA_PERSISTENT --b-value 0 --rounds 2 --rows "${rows#,}" \
   > "$OUTD/ab_session.txt" 2>&1
 stamp "ab_session: exit $?"
