@@ -11,9 +11,11 @@
 # PROFILE_ARGS=none skips profile_bwd; BENCH2_ARGS (e.g. "--extra --dropin --batched 5 --reps 6")
 # runs a second bench after the suite, cut off at 590 s from the start (bench_bwd_full_2.json).
 #
-# A device call brings back at most 8 files, so OUTDIR gets: summary.txt, bench_bwd_full.json,
-# logs.tgz (every log), prebuilt/ (3 files: the build, for PREBUILT=1 in a later call).
-# Estimated 8-9 minutes: build about 190 s, bench about 120 s, suite and memcheck about 200 s.
+# A device call brings back at most 8 files, so OUTDIR gets: summary.txt, bench_bwd_full.json
+# (and bench_bwd_full_2.json with BENCH2_ARGS), logs.tgz (every log), prebuilt/ (3 files: the
+# build, for PREBUILT=1 in a later call).
+# Estimated 8-9 minutes: build about 190-245 s, bench about 60-120 s, suite and memcheck about
+# 200 s (twenty-seventh session, with PROFILE_ARGS=none and BENCH2_ARGS: 588 s in all).
 set -uo pipefail
 source "$(dirname "$0")/call_header.sh" "$@"
 build_all /tmp/landing_logs
