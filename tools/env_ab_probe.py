@@ -7,9 +7,9 @@ beside the split-tail plan (split tiles r of T).
 A row is D:B:H:S (MHA, full attention, Sq = Sk = S), or D:B:H:S:c (is_causal). --walls adds
 each side's synchronized call as the benchmarks time it (CUDA events around one call, then a
 sync; with the GPU span and the kernel sum: profile_bwd.call_spans), where host time and the
-gaps between kernels show. Examples:
-the split tail (the default: split against whole tiles, =0) and persistent CTAs
-(--env TORCH_SM90_SDPA_PERSISTENT: persistent against one CTA per tile, =0).
+gaps between kernels show. Examples: the split tail (the default: split against whole tiles,
+=0) and persistent CTAs (--env TORCH_SM90_SDPA_PERSISTENT: persistent against one CTA per
+tile, =0).
 """
 import argparse
 import os

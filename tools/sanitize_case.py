@@ -5,8 +5,9 @@ empty, partial and full tiles, broadcast over heads and batch), and the determin
 (its dQ turn counters; GQA's per-q-head dK / dV; a mask) on three of them, a finite-fill
 bias (the score-bound pass of the classification), three calls of more tiles than SMs (with
 TORCH_SM90_SDPA_PERSISTENT=1 in the environment, CTAs that take several tiles; d256's epilogue
-stores through the dQ staging tile), and three full calls whose last partial wave is split into pieces (TORCH_SM90_SDPA_SPLIT_TAIL=1, set here:
-fragments of tiles, their fp32 sums and counts). The GQA cases run twice: with one q head
+stores through the dQ staging tile), and three full calls whose last partial wave is split
+into pieces (TORCH_SM90_SDPA_SPLIT_TAIL=1, set here: fragments of tiles, their fp32 sums and
+counts). The GQA cases run twice: with one q head
 per CTA and with each CTA walking its group (TORCH_SM90_SDPA_GQA_WALK=1, read per call).
 Cases of head dims that were not built (TORCH_SM90_SDPA_HEAD_DIMS) are skipped and counted; the
 last line says how many ran (none ran: exit status 1, so an A/B build of other head dims cannot
