@@ -61,6 +61,7 @@ class Tile(NamedTuple):
     atom_m_dq: int
     dq_slices: int      # dQ computed in this many column slices
     swap_dq: bool = False  # dQ^T = K^T dS^T (block_m need not be a multiple of 64)
+    sdp_by_wg: bool = False  # S on warpgroup 0, dP on warpgroup 1 (each the whole tile)
 
 
 # The main kernel's tile per head dim (bf16 and fp16 share it); its keys are the head dims
@@ -70,7 +71,7 @@ TILES: Dict[int, Tile] = {
     96: Tile(64, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1),
     128: Tile(64, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1),
     192: Tile(64, 64, 2, 2, 2, 1, False, True, 1, 2, 1, 1),
-    256: Tile(64, 64, 2, 2, 1, 1, False, True, 1, 1, 1, 2),
+    256: Tile(64, 64, 2, 2, 1, 1, False, True, 1, 1, 1, 2, False, True),
 }
 # d256's dK / dV (swapped, M = the head dim): atom_n_dkv 1, the warpgroups split the head dim
 # and each takes all 64 keys (two m64n64k16 per k-step: 8 KB of shared-memory operands per 64
@@ -278,7 +279,7 @@ def tile_configs_header() -> str:
         return (f"BwdTileConfig<{d}, {t.block_m}, {t.block_n}, {t.mma_wg}, {t.stages_q}, "
                 f"{t.stages_do}, {t.stages_ds}, {_cpp_bool(t.swap_sdp)}, {_cpp_bool(t.swap_dkv)}, "
                 f"{t.atom_m_sdp}, {t.atom_n_dkv}, {t.atom_m_dq}, {t.dq_slices}, "
-                f"{_cpp_bool(t.swap_dq)}>")
+                f"{_cpp_bool(t.swap_dq)}, {_cpp_bool(t.sdp_by_wg)}>")
 
     for d, t in sorted(TILES.items()):
         lines.append(f"template <> struct DefaultBwdConfig<{d}>\n    : {config(d, t)} {{}};\n")
@@ -297,7 +298,8 @@ def tile_table_markdown() -> str:
     tiles = [(str(d), t) for d, t in sorted(TILES.items())]
     tiles += [(f"{d}, not deterministic", t) for d, t in sorted(TILES_FULL.items())]
     for d, t in tiles:
-        sdp = "S^T = K Q^T (swapped)" if t.swap_sdp else "S = Q K^T"
+        sdp = ("S^T = K Q^T (swapped)" if t.swap_sdp else
+               "S = Q K^T on warpgroup 0, dP = dO V^T on 1" if t.sdp_by_wg else "S = Q K^T")
         # swapped dK / dV: the warpgroups split the keys (N) or the head dim (M, atom_n_dkv 1)
         split = "keys" if t.atom_n_dkv > 1 else "head dim"
         dkv = (f"dV^T = dO^T P, dK^T = Q^T dS (SS, warpgroups split the {split})" if t.swap_dkv else

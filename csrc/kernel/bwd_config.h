@@ -18,7 +18,8 @@ namespace kernel {
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNumMmaWG_, int kStagesQ_, int kStagesdO_,
           int kStagesdS_, bool kSdPSwapAB_, bool kdKVSwapAB_, int kAtomLayoutMSdP_,
-          int kAtomLayoutNdKV_, int kAtomLayoutMdQ_, int kdQSlices_, bool kdQSwapAB_ = false>
+          int kAtomLayoutNdKV_, int kAtomLayoutMdQ_, int kdQSlices_, bool kdQSwapAB_ = false,
+          bool kSdPByWG_ = false>
 struct BwdTileConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;        // query rows per m-block
@@ -34,6 +35,12 @@ struct BwdTileConfig {
   static constexpr int kAtomLayoutMdQ = kAtomLayoutMdQ_;
   static constexpr int kdQSlices = kdQSlices_;
   static constexpr bool kdQSwapAB = kdQSwapAB_;
+  // S on MMA warpgroup 0 and dP on warpgroup 1, each over the whole kBlockM x kBlockN tile
+  // (N = kBlockN per wgmma instead of kBlockN / 2): Q, dO, K and V are each read once per
+  // m-block instead of Q and dO once per warpgroup. P goes to the dP warpgroup through the P
+  // tile in shared memory (16-bit, which dV's wgmma reads anyway), so dS = P (dP - dpsum)
+  // takes the 16-bit P, and dS is computed after P.
+  static constexpr bool kSdPByWG = kSdPByWG_;
 
   static_assert(kStagesdS == 1 || kStagesdS == kStagesQ);
   static_assert(kStagesQ >= kStagesdO);
@@ -43,6 +50,8 @@ struct BwdTileConfig {
   static_assert(kdQSwapAB || kBlockM % 64 == 0, "dQ = dS K needs wgmma's M = 64 rows per block");
   static_assert(!kdQSwapAB || (kSdPSwapAB && kdQSlices == 1 && kAtomLayoutMdQ == 1));
   static_assert(kHeadDim % (16 * kdQSlices) == 0);
+  static_assert(!kSdPByWG || (!kSdPSwapAB && kdKVSwapAB && kNumMmaWG == 2 && kAtomLayoutMSdP == 1),
+                "S / dP by warpgroup: unswapped S, P from shared memory for dV, two MMA warpgroups");
 };
 
 // Default tile per head dim (bf16 and fp16 share it). The specializations are generated from

@@ -64,6 +64,10 @@ struct BwdMainloop {
   static constexpr int kdQCols = kHeadDim / kdQSlices;
   // dQ^T = K^T dS^T: the warpgroups split the head dim (M), N = kBlockM (80 at d128 full).
   static constexpr bool kdQSwapAB = Cfg::kdQSwapAB;
+  // S on warpgroup 0, dP on warpgroup 1 (BwdTileConfig::kSdPByWG): the S / dP tiled MMA is one
+  // warpgroup's, and the threads of each warpgroup hold the whole tile.
+  static constexpr bool kSdPByWG = Cfg::kSdPByWG;
+  static constexpr int kSdPThreads = kSdPByWG ? cutlass::NumThreadsPerWarpGroup : kNumMmaThreads;
   // lse / dpsum rows by TMA when kBlockM does not divide the rounded length (kSeqRound): the
   // last m-block's rows past it are zero-filled, not read past the workspace. Those rows have
   // Q = dO = 0 (TMA zero fill too), so their P = 1 meets dO = 0 and dS = 1 * (0 - 0) = 0.
@@ -87,11 +91,14 @@ struct BwdMainloop {
 
   // ---------------- tiled MMAs ----------------
   using AtomShapeSdP = std::conditional_t<
-      !kSdPSwapAB, Shape<Int<kBlockM>, Int<kBlockN / (kNumMmaWG / kAtomLayoutMSdP)>, Int<kHeadDim>>,
-      Shape<Int<kBlockN>, Int<kBlockM / kAtomLayoutMSdP>, Int<kHeadDim>>>;
-  using AtomLayoutSdP =
+      kSdPByWG, Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>,
+      std::conditional_t<
+          !kSdPSwapAB, Shape<Int<kBlockM>, Int<kBlockN / (kNumMmaWG / kAtomLayoutMSdP)>, Int<kHeadDim>>,
+          Shape<Int<kBlockN>, Int<kBlockM / kAtomLayoutMSdP>, Int<kHeadDim>>>>;
+  using AtomLayoutSdP = std::conditional_t<
+      kSdPByWG, Layout<Shape<_1, _1, _1>>,
       std::conditional_t<!kSdPSwapAB, Layout<Shape<Int<kAtomLayoutMSdP>, Int<kNumMmaWG / kAtomLayoutMSdP>, _1>>,
-                         Layout<Shape<Int<kNumMmaWG / kAtomLayoutMSdP>, Int<kAtomLayoutMSdP>, _1>>>;
+                         Layout<Shape<Int<kNumMmaWG / kAtomLayoutMSdP>, Int<kAtomLayoutMSdP>, _1>>>>;
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, ElementAccum, AtomShapeSdP>(), AtomLayoutSdP{}));
 
@@ -144,7 +151,7 @@ struct BwdMainloop {
   // P / dS: (q, k), k contiguous (K-major as the A operand of dQ = dS K).
   using SmemAtomPdS = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
                                GMMA::Major::K, Element, Int<kBlockM / kAtomLayoutMSdP>,
-                               Int<kBlockN / (kNumMmaWG / kAtomLayoutMSdP)>>());
+                               Int<kBlockN / (kSdPByWG ? 1 : kNumMmaWG / kAtomLayoutMSdP)>>());
   using SmemLayoutPdS = decltype(tile_to_shape(
       SmemAtomPdS{}, make_shape(Int<kBlockM>{}, Int<kBlockN>{}, Int<kStagesdS>{})));
 
@@ -206,12 +213,17 @@ struct BwdMainloop {
   using SmemLayoutdQ = decltype(tile_to_shape(SmemAtomdQ{}, make_shape(Int<kBlockM>{}, Int<kdQCols>{})));
 
   // P / dS register -> smem copies (stmatrix). Registers hold S (rows q) or S^T (rows k).
-  static constexpr int kNumPdSStore = kBlockM * kBlockN / kNumMmaThreads;
+  static constexpr int kNumPdSStore = kBlockM * kBlockN / kSdPThreads;
   using SmemCopyAtomPdS = Copy_Atom<
       std::conditional_t<!kSdPSwapAB,
                          std::conditional_t<kNumPdSStore % 8 == 0, SM90_U32x4_STSM_N, SM90_U32x2_STSM_N>,
                          std::conditional_t<kNumPdSStore % 8 == 0, SM90_U16x8_STSM_T, SM90_U16x4_STSM_T>>,
       Element>;
+
+  // The P tile back into a warpgroup's accumulator layout (kSdPByWG: the dP warpgroup reads
+  // what the S warpgroup stored with SmemCopyAtomPdS; ldmatrix, the inverse of stmatrix).
+  using SmemLoadAtomP = Copy_Atom<
+      std::conditional_t<kNumPdSStore % 8 == 0, SM75_U32x4_LDSM_N, SM75_U32x2_LDSM_N>, Element>;
 
   // ---------------- pipelines ----------------
   using PipelineQ = cutlass::PipelineTmaAsync<kStagesQ>;
@@ -710,7 +722,13 @@ struct BwdMainloop {
     // take the thread's own slice where they are used.
     int const wg_thread0 = __shfl_sync(0xffffffffu, thread_idx / cutlass::NumThreadsPerWarpGroup, 0) *
                            cutlass::NumThreadsPerWarpGroup;
-    auto thr_SdP = tiled_mma_SdP.get_thread_slice(wg_thread0);
+    // (kSdPByWG: the S / dP tiled MMA is one warpgroup's; its thread index is the thread's
+    // index within its warpgroup, and s_warpgroup tells the S warpgroup from the dP one)
+    auto thr_SdP = tiled_mma_SdP.get_thread_slice(kSdPByWG ? 0 : wg_thread0);
+    bool const s_warpgroup = wg_thread0 == 0;
+    auto sdp_thread = [&] {
+      return kSdPByWG ? launder_int(thread_idx) % cutlass::NumThreadsPerWarpGroup : launder_int(thread_idx);
+    };
     auto thr_dKV = tiled_mma_dKV.get_thread_slice(wg_thread0);
     auto thr_dQ = tiled_mma_dQ.get_thread_slice(wg_thread0);
 
@@ -766,6 +784,19 @@ struct BwdMainloop {
       }
     };
 
+    // kSdPByWG: S = Q K^T on the S warpgroup, dP = dO V^T on the other, into acc.
+    auto gemm_s_or_dp = [&](auto& acc, int stage_q, int stage_do) {
+      pipeline_q.consumer_wait(read_q);
+      pipeline_do.consumer_wait(read_do);
+      if (s_warpgroup) {
+        Tensor tSrK = mma_smem_fragment<false>(thr_SdP, make_tensor(make_smem_ptr(k_operand_ptr()), SmemLayoutK{}));
+        wg_gemm<true, -1>(tiled_mma_SdP, tSrQ(_, _, _, stage_q), tSrK, acc);
+      } else {
+        Tensor tdPrV = mma_smem_fragment<false>(thr_SdP, make_tensor(make_smem_ptr(v_operand_ptr()), SmemLayoutV{}));
+        wg_gemm<true, -1>(tiled_mma_SdP, tdPrdO(_, _, _, stage_do), tdPrV, acc);
+      }
+    };
+
     // P = exp2(S * scale_log2 - lse_log2) in place of S, once S is done (dP may still run).
     // kMaskValues: the key tail, the causal cut and the mask element by element (only in the
     // iterations that need it: kTilePartial tiles under a mask, else the causal diagonal and
@@ -773,9 +804,9 @@ struct BwdMainloop {
     // are 0 (they fold in the cut and the tail).
     auto softmax_p = [&](auto& tSrS, int m_block, int stage_q, auto mask_tag) {
       constexpr int kMode = decltype(mask_tag)::value;
-      warpgroup_wait<1>();
+      warpgroup_wait<kSdPByWG ? 0 : 1>();  // (by warpgroup: S is this warpgroup's only batch)
       warpgroup_fence_operand(tSrS);
-      auto thr = tiled_mma_SdP.get_thread_slice(launder_int(thread_idx));
+      auto thr = tiled_mma_SdP.get_thread_slice(sdp_thread());
       Tensor tLSE = thr.partition_C(sLSEMma)(_, _, _, stage_q);
       if constexpr (kMode == kMaskNone) {
         CUTLASS_PRAGMA_UNROLL
@@ -852,7 +883,7 @@ struct BwdMainloop {
     auto softmax_grad = [&](auto const& tSrP, auto& tdPrdP, int stage_do) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdPrdP);
-      auto thr = tiled_mma_SdP.get_thread_slice(launder_int(thread_idx));
+      auto thr = tiled_mma_SdP.get_thread_slice(sdp_thread());
       Tensor tdPsum = thr.partition_C(sdPsumMma)(_, _, _, stage_do);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tdPrdP); ++i) { tdPrdP(i) = tSrP(i) * (tdPrdP(i) - tdPsum(i)); }
@@ -861,7 +892,7 @@ struct BwdMainloop {
     // P and dS to shared memory as needed, then dV += P^T dO (or dV^T += dO^T P). On return
     // dS is visible in smem to every MMA warpgroup (dQ and, SS, dK read it there).
     auto store_pds_gemm_dv = [&](auto& rP, auto& rdS, int stage_do, int stage_ds) {
-      auto smem_thr_copy_PdS = smem_tiled_copy_PdS.get_thread_slice(launder_int(thread_idx));
+      auto smem_thr_copy_PdS = smem_tiled_copy_PdS.get_thread_slice(sdp_thread());
       Tensor tdSsdS = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(
           as_position_independent_swizzle_tensor(sdS), as_position_independent_swizzle_tensor(sdSt)));
       if constexpr (kStagesdS == 1) {
@@ -889,6 +920,44 @@ struct BwdMainloop {
         Tensor tdVrP = make_tensor(rP.data(), acc_layout_as_A_operand(rP.layout()));
         wg_gemm<false, -1>(tiled_mma_dKV, tdVrP, tdVrdO(_, _, _, stage_do), tdVrdV);
       }
+      cutlass::arch::fence_view_async_shared();
+      named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // dS visible to every warpgroup
+    };
+
+    // kSdPByWG: the S warpgroup stores P (its acc, converted: rP); the dP warpgroup reads it
+    // back in its accumulator layout and computes dS = P (dP - dpsum) in place of dP (acc),
+    // then stores dS. Both issue dV^T += dO^T P (P from shared memory). The same three
+    // barriers as store_pds_gemm_dv (the first only with one P / dS buffer): on return dS is
+    // visible to every MMA warpgroup.
+    auto exchange_p_ds_gemm_dv = [&](auto& acc, auto& rP, int stage_do, int stage_ds) {
+      auto smem_thr_copy_PdS = smem_tiled_copy_PdS.get_thread_slice(sdp_thread());
+      Tensor sP = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdS{});
+      Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
+      if constexpr (kStagesdS == 1) {
+        named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // every warpgroup is done with the last P / dS
+      }
+      if (s_warpgroup) {
+        Tensor tPsP = smem_thr_copy_PdS.partition_D(as_position_independent_swizzle_tensor(sP));
+        cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rP), tPsP(_, _, _, stage_ds));
+        cutlass::arch::fence_view_async_shared();
+        named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // P visible to every warpgroup
+      } else {
+        named_sync(kNumMmaThreads, BwdBarrier::kPdS);
+        auto load_copy_P = make_tiled_copy_C(SmemLoadAtomP{}, tiled_mma_SdP);
+        auto load_thr_P = load_copy_P.get_thread_slice(sdp_thread());
+        Tensor tPsP = load_thr_P.partition_S(as_position_independent_swizzle_tensor(sP));
+        cute::copy(load_copy_P, tPsP(_, _, _, stage_ds), load_thr_P.retile_D(rP));
+        auto thr = tiled_mma_SdP.get_thread_slice(sdp_thread());
+        Tensor tdPsum = thr.partition_C(sdPsumMma)(_, _, _, stage_do);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(acc); ++i) { acc(i) = float(rP(i)) * (acc(i) - tdPsum(i)); }
+        Tensor rdS = make_tensor_like<Element>(acc);
+        convert_fragment(acc, rdS);
+        Tensor tdSsdS = smem_thr_copy_PdS.partition_D(as_position_independent_swizzle_tensor(sdS));
+        cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rdS), tdSsdS(_, _, _, stage_ds));
+      }
+      Tensor tdVrP = mma_smem_fragment<!kdKVSwapAB>(thr_dKV, sPt);
+      wg_gemm<false, -1>(tiled_mma_dKV, tdVrdO(_, _, _, stage_do), tdVrP(_, _, _, stage_ds), tdVrdV);
       cutlass::arch::fence_view_async_shared();
       named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // dS visible to every warpgroup
     };
@@ -991,23 +1060,46 @@ struct BwdMainloop {
       int const stage_do = read_do.index();
       int const stage_ds = kStagesdS == 1 ? 0 : stage_q;
 
-      Tensor tSrS = partition_fragment_C(tiled_mma_SdP, ShapeS{});    // S, then P
-      Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});  // dP, then dS
-      gemm_s_dp(tSrS, tdPrdP, stage_q, stage_do);
-      if constexpr (kDeferLastdQSlice) {
-        if (dq_pending) {  // the previous m-block's
-          hand_dq_to_writer(tdQrdQ_pending);
-          dq_pending = false;
+      auto hand_pending_dq = [&] {
+        if constexpr (kDeferLastdQSlice) {
+          if (dq_pending) {  // the previous m-block's
+            hand_dq_to_writer(tdQrdQ_pending);
+            dq_pending = false;
+          }
         }
-      }
-      softmax_p(tSrS, m_block, stage_q, mask_tag);
-      softmax_grad(tSrS, tdPrdP, stage_do);
-      Tensor rP = make_tensor_like<Element>(tSrS);
-      convert_fragment(tSrS, rP);
-      Tensor rdS = make_tensor_like<Element>(tdPrdP);
-      convert_fragment(tdPrdP, rdS);
-
-      store_pds_gemm_dv(rP, rdS, stage_do, stage_ds);
+      };
+      // rdS: dK's register operand (kMmadKVIsRS), else unused
+      auto dv_step = [&]() __attribute__((always_inline)) {
+        if constexpr (kSdPByWG) {
+          Tensor acc = partition_fragment_C(tiled_mma_SdP, ShapeS{});  // S then P, or dP then dS
+          gemm_s_or_dp(acc, stage_q, stage_do);
+          hand_pending_dq();
+          Tensor rP = make_tensor_like<Element>(acc);
+          if (s_warpgroup) {
+            softmax_p(acc, m_block, stage_q, mask_tag);
+            convert_fragment(acc, rP);
+          } else {
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(acc);
+          }
+          exchange_p_ds_gemm_dv(acc, rP, stage_do, stage_ds);
+          return rP;
+        } else {
+          Tensor tSrS = partition_fragment_C(tiled_mma_SdP, ShapeS{});    // S, then P
+          Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});  // dP, then dS
+          gemm_s_dp(tSrS, tdPrdP, stage_q, stage_do);
+          hand_pending_dq();
+          softmax_p(tSrS, m_block, stage_q, mask_tag);
+          softmax_grad(tSrS, tdPrdP, stage_do);
+          Tensor rP = make_tensor_like<Element>(tSrS);
+          convert_fragment(tSrS, rP);
+          Tensor rdS = make_tensor_like<Element>(tdPrdP);
+          convert_fragment(tdPrdP, rdS);
+          store_pds_gemm_dv(rP, rdS, stage_do, stage_ds);
+          return rdS;
+        }
+      };
+      auto rdS = dv_step();
       Tensor tdQrdQ = partition_fragment_C(tiled_mma_dQ, ShapedQAcc{});
       gemm_dq_slice(tdQrdQ, 0, stage_ds, cute::Int<1>{});  // dV is done after this wait
       pipeline_do.consumer_release(read_do);  // dO read by dP and dV only

@@ -9,8 +9,9 @@
 #   GIT_COMMIT=$(git rev-parse --short HEAD) PATCH=tools/ab_rounds/patches/X.patch \
 #     bash tools/ab_rounds/d256_patch_ab_call.sh "$OUT"   (carry .whl)
 # Runs: twenty-seventh session's call 2 at f2d0d4d with PATCH=.../d256-ndkv1.patch (atom_n_dkv
-# 1, landed in b63d144: that patch applies to f2d0d4d only); prepared for the next session:
-# PATCH=.../d256-sdp-by-wg.patch (S on warpgroup 0, dP on warpgroup 1; compiled, not yet run).
+# 1, landed in b63d144: that patch applies to f2d0d4d only); twenty-eighth session's call 1 at
+# c4bebea with PATCH=.../d256-sdp-by-wg.patch (S on warpgroup 0, dP on warpgroup 1; landed
+# right after: it applies to c4bebea only; results in benchmarks/results/session28/call1).
 set -uo pipefail
 source "$(dirname "$0")/../call_header.sh" "$@"
 rows=""
