@@ -930,36 +930,40 @@ struct BwdMainloop {
     // barriers as store_pds_gemm_dv (the first only with one P / dS buffer): on return dS is
     // visible to every MMA warpgroup.
     auto exchange_p_ds_gemm_dv = [&](auto& acc, auto& rP, int stage_do, int stage_ds) {
-      auto smem_thr_copy_PdS = smem_tiled_copy_PdS.get_thread_slice(sdp_thread());
-      Tensor sP = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdS{});
-      Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
-      if constexpr (kStagesdS == 1) {
-        named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // every warpgroup is done with the last P / dS
-      }
-      if (s_warpgroup) {
-        Tensor tPsP = smem_thr_copy_PdS.partition_D(as_position_independent_swizzle_tensor(sP));
-        cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rP), tPsP(_, _, _, stage_ds));
+      // (a body for kSdPByWG tiles only: the other tiles' P / dS layouts do not fit it, and
+      // a generic lambda's body is instantiated with the enclosing function)
+      if constexpr (kSdPByWG) {
+        auto smem_thr_copy_PdS = smem_tiled_copy_PdS.get_thread_slice(sdp_thread());
+        Tensor sP = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdS{});
+        Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
+        if constexpr (kStagesdS == 1) {
+          named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // every warpgroup is done with the last P / dS
+        }
+        if (s_warpgroup) {
+          Tensor tPsP = smem_thr_copy_PdS.partition_D(as_position_independent_swizzle_tensor(sP));
+          cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rP), tPsP(_, _, _, stage_ds));
+          cutlass::arch::fence_view_async_shared();
+          named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // P visible to every warpgroup
+        } else {
+          named_sync(kNumMmaThreads, BwdBarrier::kPdS);
+          auto load_copy_P = make_tiled_copy_C(SmemLoadAtomP{}, tiled_mma_SdP);
+          auto load_thr_P = load_copy_P.get_thread_slice(sdp_thread());
+          Tensor tPsP = load_thr_P.partition_S(as_position_independent_swizzle_tensor(sP));
+          cute::copy(load_copy_P, tPsP(_, _, _, stage_ds), load_thr_P.retile_D(rP));
+          auto thr = tiled_mma_SdP.get_thread_slice(sdp_thread());
+          Tensor tdPsum = thr.partition_C(sdPsumMma)(_, _, _, stage_do);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(acc); ++i) { acc(i) = float(rP(i)) * (acc(i) - tdPsum(i)); }
+          Tensor rdS = make_tensor_like<Element>(acc);
+          convert_fragment(acc, rdS);
+          Tensor tdSsdS = smem_thr_copy_PdS.partition_D(as_position_independent_swizzle_tensor(sdS));
+          cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rdS), tdSsdS(_, _, _, stage_ds));
+        }
+        Tensor tdVrP = mma_smem_fragment<!kdKVSwapAB>(thr_dKV, sPt);
+        wg_gemm<false, -1>(tiled_mma_dKV, tdVrdO(_, _, _, stage_do), tdVrP(_, _, _, stage_ds), tdVrdV);
         cutlass::arch::fence_view_async_shared();
-        named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // P visible to every warpgroup
-      } else {
-        named_sync(kNumMmaThreads, BwdBarrier::kPdS);
-        auto load_copy_P = make_tiled_copy_C(SmemLoadAtomP{}, tiled_mma_SdP);
-        auto load_thr_P = load_copy_P.get_thread_slice(sdp_thread());
-        Tensor tPsP = load_thr_P.partition_S(as_position_independent_swizzle_tensor(sP));
-        cute::copy(load_copy_P, tPsP(_, _, _, stage_ds), load_thr_P.retile_D(rP));
-        auto thr = tiled_mma_SdP.get_thread_slice(sdp_thread());
-        Tensor tdPsum = thr.partition_C(sdPsumMma)(_, _, _, stage_do);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(acc); ++i) { acc(i) = float(rP(i)) * (acc(i) - tdPsum(i)); }
-        Tensor rdS = make_tensor_like<Element>(acc);
-        convert_fragment(acc, rdS);
-        Tensor tdSsdS = smem_thr_copy_PdS.partition_D(as_position_independent_swizzle_tensor(sdS));
-        cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rdS), tdSsdS(_, _, _, stage_ds));
+        named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // dS visible to every warpgroup
       }
-      Tensor tdVrP = mma_smem_fragment<!kdKVSwapAB>(thr_dKV, sPt);
-      wg_gemm<false, -1>(tiled_mma_dKV, tdVrdO(_, _, _, stage_do), tdVrP(_, _, _, stage_ds), tdVrdV);
-      cutlass::arch::fence_view_async_shared();
-      named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // dS visible to every warpgroup
     };
 
     // dQ slice s = dS K[:, slice s] (swapped: dQ^T = K^T dS^T); kWait as wg_gemm's.
