@@ -78,6 +78,9 @@ TILES: Dict[int, Tile] = {
 # tensor cycles, what shared memory serves); split along the keys (2, d192's), each issues four
 # m64n32k16 (12 KB per 64 cycles, 1.5x over). Main kernel 1-5% faster on every FA-grid d256
 # row (A/B, twenty-seventh session). d192 keeps 2: its three m64 atoms do not split in two.
+# d256's sdp_by_wg: S on warpgroup 0 and dP on warpgroup 1, each over the whole 64 x 64 tile
+# (Q, dO, K, V read once per m-block, not Q and dO once per warpgroup); main kernel 0.2-4.7%
+# faster on every FA-grid d256 row (A/B, twenty-eighth session).
 # Head dims whose dense kernel has a tile of its own for calls that are not deterministic
 # (causal or full; FullBwdConfig<D>: a third kernel in bwd_main_<dtype>_hdim<D>_full.cu). The
 # masked and deterministic kernels keep TILES' tile: the mask classification and the
