@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device call that measures a landed commit through every path issue 8 asks for, in one
+# run: bench_bwd's whole grid with the drop-in's column synchronized (`--extra --dropin`) and
+# back to back (`--batched 5 --reps 6`), then the compiled 8-block GPT with the default
+# enable() (`demo --only-faster`: step and attention-backward ratios against stock, interleaved).
+# With build/carry (a landing call's prebuilt/, the .so gunzipped) it skips the build (about
+# 200 s of kernels otherwise: every variant is built, tools/device_session.sh).
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/bench_pair_call.sh "$OUT"   (carry .whl,
+#   and build/carry when there is one). About 7-8 minutes with the build, 3-4 without.
+# OUTDIR gets summary.txt, bench_sync.json / .txt, bench_batched.json / .txt, demo.txt, and
+# prebuilt/ when it built (for build/carry in a later call).
+set -uo pipefail
+source "$(dirname "$0")/call_header.sh" "$@"
+
+if ls build/carry/_C*.so > /dev/null 2>&1; then
+  use_prebuilt
+else
+  build_all /tmp/bench_pair_logs
+fi
+
+timeout 150 python3 benchmarks/bench_bwd.py --extra --dropin --json "$OUTD/bench_sync.json" \
+  > "$OUTD/bench_sync.txt" 2>&1
+stamp "bench_bwd --extra --dropin: exit $?, $(grep -E 'ours / cudnn:|public paths|paths agree' "$OUTD/bench_sync.txt" | tr '\n' ';')"
+
+timeout 170 python3 benchmarks/bench_bwd.py --extra --dropin --batched 5 --reps 6 \
+  --json "$OUTD/bench_batched.json" > "$OUTD/bench_batched.txt" 2>&1
+stamp "bench_bwd --batched 5: exit $?, $(grep -E 'ours / cudnn:|public paths|paths agree' "$OUTD/bench_batched.txt" | tr '\n' ';')"
+
+left=$(( 590 - ($(date +%s) - t0) ))
+if [ "$left" -gt 40 ]; then
+  timeout "$left" python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
+    --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster > "$OUTD/demo.txt" 2>&1
+  stamp "demo --only-faster (timeout ${left} s): exit $?, $(grep 'step speedup\|no attention backward' "$OUTD/demo.txt")"
+else
+  stamp "demo skipped: ${left} s left of 590"
+fi
+grep -E "^d=|^GQA|geometric" "$OUTD/bench_sync.txt" | tail -n 70
+grep -E "geometric" "$OUTD/bench_batched.txt"
+grep -E "replaced|kept stock|speed|step " "$OUTD/demo.txt"
+cat "$OUTD/summary.txt"
