@@ -97,6 +97,32 @@ def test_speed_table_keeps_the_slowest_row_of_a_case(tmp_path):
                    (False, 1): (0.75, 0)}
 
 
+def test_speed_table_keeps_each_gpu_models_rows(tmp_path):
+    """One case measured on two GPU models keeps a row per model (the gate picks the call's),
+    each the slowest of that model's runs."""
+    row = dict(head_dim=128, causal=False, seqlen=2048, batch=8, heads=16, kv_heads=16,
+               masked=False, dtype="bf16")
+    runs = [("NVIDIA H200", 420.0), ("NVIDIA H200", 410.0), ("NVIDIA H100 80GB HBM3", 390.0)]
+    paths = []
+    for i, (device, ours) in enumerate(runs):
+        paths.append(str(tmp_path / f"r{i}.json"))
+        with open(paths[-1], "w") as f:
+            json.dump({"meta": {"bench": "bench_bwd", "device": device},
+                       "rows": [dict(row, tflops={"ours": ours, "cudnn": 400.0})]}, f)
+    _, rows = speed_table_tool.build(paths)
+    assert [(r["device"], r["speedup"], r["source"]) for r in rows] == [
+        ("NVIDIA H100 80GB HBM3", 0.975, 2), ("NVIDIA H200", 1.025, 1)]
+
+
+def test_speed_table_runs_file_lists_existing_results(tmp_path):
+    listed = speed_table_tool.read_runs_file()
+    assert listed and len(set(listed)) == len(listed)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert all(os.path.isfile(os.path.join(root, p)) for p in listed), listed
+    (tmp_path / "runs.txt").write_text("# a comment\n\na.json  # why\n  b.json\n")
+    assert speed_table_tool.read_runs_file(str(tmp_path / "runs.txt")) == ["a.json", "b.json"]
+
+
 def test_speed_table_files_gqa_rows_by_the_walk_they_ran():
     """A row that records heads_per_cta is filed by it; older rows by the rule of their commits
     (kv-head key-block CTAs >= 512, tile width 128 at d128, 64 at d256)."""

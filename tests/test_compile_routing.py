@@ -769,6 +769,11 @@ def _fake_sm90(test):
                           lambda dev: (9, 0) if dev.type == "cuda" else None)
     p.start()
     test.addCleanup(p.stop)
+    # the speed gate's rows follow the GPU model: a model the table has no rows of (every
+    # model's rows) unless a test names one, so the gate reads the same on an H200 as here
+    p = mock.patch.object(policy, "device_name", lambda dev: None)
+    p.start()
+    test.addCleanup(p.stop)
 
 
 def trace_backward(backend, b=2, hq=4, hkv=4, sq=17, sk=17, d=D, dtype=torch.bfloat16,
@@ -1240,6 +1245,51 @@ class TestSpeedGate(unittest.TestCase):
             for d, s in [(128, 1024), (128, 8192), (128, 512)]:
                 self.assertTrue(policy.decide(self.call(d, s, backend)), (backend, d, s))
 
+    def test_gate_follows_the_gpu_model(self):
+        """A call is gated by the rows measured on its GPU model; a model the table has no rows
+        of takes every model's rows (a length passes only where it passed on each)."""
+        h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+        self.assertEqual(policy.MEASURED_DEVICES, (h100, h200))
+        for model in policy.MEASURED_DEVICES:
+            own = [r for r in speed_table.ROWS if r["device"] == model and not r["masked"]]
+            self.assertEqual(policy.gate_tables(model).mha,
+                             {case: policy.routed_lengths_from_table(own, "cudnn", False, case,
+                                                                     paths=(policy.PATH_MHA,))
+                              for case in ("causal", "full")})
+        # the H100 has no masked rows: its masked gate is every model's
+        self.assertEqual(policy.gate_tables(h100).masked, policy.MASKED_FASTER_LENGTHS)
+
+        def gate(model, d, s, causal):
+            with mock.patch.object(policy, "device_name", lambda dev: model):
+                return policy.faster_than_stock(self.call(d, s, "cudnn", causal))
+
+        # d128 full at 2k keys: 1.02-1.08x in every H200 run of the shipped kernel, 0.97-1.01x in
+        # the H100's runs of an older one; d256 full at 512 keys the other way round
+        self.assertTrue(gate(h200, 128, 2048, False))
+        self.assertTrue(gate(h200, 128, 1024, True))
+        for model in (h100, "NVIDIA H800", None):
+            decision = gate(model, 128, 2048, False)
+            self.assertEqual(decision.reason, policy.R_SLOWER, model)
+            self.assertIn(f"on {model}" if model == h100 else "on every GPU measured", decision.detail)
+        self.assertTrue(gate(h100, 256, 512, False))
+        for model in (h200, "NVIDIA H800"):
+            self.assertEqual(gate(model, 256, 512, False).reason, policy.R_SLOWER, model)
+        self.assertIsNone(policy.gate_device(torch.device("cpu")))
+
+    def test_family_rows_fall_back_to_every_model(self):
+        rows = [dict(device="A", stock="cudnn", masked=False, head_dim=64, seqlen=1024,
+                     case="full", gqa=False, walk=1, speedup=1.1, source=0),
+                dict(device="B", stock="cudnn", masked=False, head_dim=64, seqlen=1024,
+                     case="full", gqa=False, walk=1, speedup=0.9, source=1),
+                dict(device="B", stock="cudnn", masked=True, head_dim=64, seqlen=1024,
+                     case="causal", gqa=False, walk=1, speedup=1.5, source=2)]
+        with mock.patch.object(speed_table, "ROWS", rows):
+            self.assertEqual(policy._family_rows("A", "cudnn", False), rows[:1])
+            self.assertEqual(policy._family_rows("B", "cudnn", False), rows[1:2])
+            self.assertEqual(policy._family_rows("C", "cudnn", False), rows[:2])
+            self.assertEqual(policy._family_rows(None, "cudnn", False), rows[:2])
+            self.assertEqual(policy._family_rows("A", "cudnn", True), rows[2:])  # none of A's
+
     def test_routed_lengths_come_from_the_measured_table(self):
         rows = [dict(stock="cudnn", masked=False, head_dim=64, seqlen=s, case=c, gqa=False,
                      speedup=x, source=0)
@@ -1311,6 +1361,7 @@ class TestSpeedGate(unittest.TestCase):
         generator = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(generator)
         paths = [src["file"] for src in speed_table.SOURCES]
+        self.assertEqual(paths, generator.read_runs_file())  # the runs its list names
         cwd = os.getcwd()
         os.chdir(root)
         try:

@@ -199,24 +199,27 @@ def test_default_enable_keeps_faster_cudnn(compile_env):
     assert stats["routed_calls"] == 0 and policy.R_SLOWER in stats["not_routed"], stats
 
 
-def _table_routed_full_case():
-    """(head dim, key length): the largest built head dim that the speed table routes without
-    a mask (non-causal), at the shortest key length it routes."""
-    built = [(d, ranges[0][0]) for d, ranges in policy.FASTER_THAN_CUDNN_LENGTHS["full"].items()
-             if _extension.has_variant(d, torch.bfloat16)]
-    return max(built) if built else None
+def _table_routed_full_cases():
+    """[(head dim, key length)]: built head dims that the speed table routes without a mask
+    (MHA, non-causal) on this machine's GPU model, each at the shortest key length it routes:
+    d128 (routed in full attention on the H200 since the twenty-ninth session) and the largest."""
+    if not torch.cuda.is_available():
+        return []
+    model = policy.gate_device(torch.device("cuda", torch.cuda.current_device()))
+    built = {d: ranges[0][0] for d, ranges in policy.gate_tables(model).mha["full"].items()
+             if _extension.has_variant(d, torch.bfloat16)}
+    return sorted({(d, built[d]) for d in {128, max(built, default=None)} if d in built})
 
 
-@pytest.mark.skipif(_table_routed_full_case() is None,
-                    reason="no built head dim that the speed table routes without a mask")
-def test_default_enable_routes_where_the_table_says(compile_env):
+@pytest.mark.parametrize("d, s", _table_routed_full_cases() or
+                         [pytest.param(0, 0, marks=pytest.mark.skip(
+                             reason="no built head dim that the speed table routes without a mask"))])
+def test_default_enable_routes_where_the_table_says(compile_env, d, s):
     """enable()'s default replaces a non-causal cuDNN node whose head dim and key length the
-    table has ours faster at (d256 without a mask at 4k keys, in the full build); gradients
-    match stock."""
+    table has ours faster at on this GPU model; gradients match stock."""
     from torch_sm90_sdpa.testing import TinyTransformer
 
     recorder = compile_env
-    d, s = _table_routed_full_case()
     torch.manual_seed(0)
     model = TinyTransformer(vocab=512, dim=2 * d, heads=2, layers=1, causal=False).cuda()
     stock = copy.deepcopy(model)

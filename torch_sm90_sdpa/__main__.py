@@ -60,8 +60,10 @@ def info(argv=None) -> int:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             cap = policy.device_capability(torch.device("cuda", i))
+            model = policy.gate_device(torch.device("cuda", i))
             print(f"  cuda:{i} {torch.cuda.get_device_name(i)}, compute capability {cap}"
-                  f"{' (SM90: served)' if cap == (9, 0) else ' (not SM90: not served)'}")
+                  f"{' (SM90: served)' if cap == (9, 0) else ' (not SM90: not served)'}; speed "
+                  f"gate: the rows measured {'on ' + model if model else 'on every GPU measured'}")
     else:
         print("  no CUDA device (CUDA calls are never routed here; enable(cpu=True) routes "
               "CPU calls to the CPU reference)")
@@ -83,8 +85,8 @@ def info(argv=None) -> int:
     print("never routed: dropout_p > 0, a mask that needs a gradient or of another dtype than "
           "bool / fp32 / fp16 / bf16, nested tensors, Dv != D, tensors without a contiguous "
           "last dim, flash with is_causal and Sq != Sk. The default speed gate also keeps on "
-          "stock the cuDNN calls where cuDNN measured faster (by head dim, causal / full / "
-          "mask, key length, and for GQA the group a CTA walks); enable(only_faster=False) "
+          "stock the cuDNN calls where cuDNN measured faster (by GPU model, head dim, causal / "
+          "full / mask, key length, and for GQA the group a CTA walks); enable(only_faster=False) "
           "routes them. See docs/ROUTING.md")
     return 0
 

@@ -29,7 +29,7 @@ fp16 / bf16 / fp32 / fp64, any head dim, no alignment rule (last dim contiguous 
 
 After the eligibility rules, :func:`decide` applies the speed gate (``only_faster``, on by
 default): a CUDA call is routed only where our kernel measured faster than the stock
-backward it replaces (:func:`faster_than_stock`, ``FASTER_THAN_CUDNN_LENGTHS``).
+backward it replaces, on the call's GPU model (:func:`faster_than_stock`, :func:`gate_tables`).
 
 Reasons are short stable strings (the keys of ``routing_stats()["not_routed"]``); the
 details (which tensor, which stride) go to the log.
@@ -40,7 +40,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -206,6 +206,27 @@ def device_capability(device: torch.device):
         index = device.index if device.index is not None else torch.cuda.current_device()
         return _capability_cached(index)
     except Exception:  # no driver, bad index: not a device we can serve
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _name_cached(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def device_name(device: torch.device) -> Optional[str]:
+    """The GPU model of a CUDA device (``torch.cuda.get_device_name``, e.g. "NVIDIA H200"), or
+    None if there is no such device here. The speed gate picks its rows by it.
+
+    Tests replace this function to describe a GPU this machine does not have."""
+    if device.type != "cuda":
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _name_cached(index)
+    except Exception:  # no driver, bad index
         return None
 
 
@@ -478,48 +499,74 @@ def describe_lengths(table: dict) -> str:
                      for d, ranges in sorted(table.items())) or "no head dim"
 
 
-# Unmasked cuDNN nodes, per case (bench_bwd.py --extra: seven runs of one CTA per tile, from
-# 9e68b21 to 62f2aa7, one of the persistent kernel (e2e2908) and one more of one CTA per tile
-# (ae4ddc0, a machine with a faster cuDNN at short d128 rows), all on H200s; in the
-# twenty-third session, with d128's default tile up to 768 queries, one synchronized and one
-# back-to-back run on an H100 and three d128 8k runs on H200s; in the twenty-fourth (41638bf:
-# causal sections of a power of two of heads) one synchronized and one back-to-back run on an
-# H200; each row's slowest run, the
-# one-tile runs as lower bounds of the persistent kernel): ours ahead at head dim 64 from 512
-# keys (1.02-1.12x), at 96 and 192 on the rows measured from 2k keys (1.08-1.31x), at 256 full
-# from 8k keys (512 / 1k / 2k / 4k: 0.96 / 0.98 / 0.98 / 0.99x back to back in run 20), at 128
-# is_causal (MHA) from 4097 keys (1.01-1.07x; 512-4096 0.90-0.98x), nowhere at 128 full
-# (0.97-1.008x on the H100 from 1k keys) nor at 256 is_causal (0.86-0.99x) -> causal {64: >= 512,
-# 96: >= 2048, 128 (MHA): >= 4097, 192: >= 2048}, full {64: >= 512, 96: >= 2048, 192: >= 2048,
-# 256: >= 8192} (docs/ROUTING.md, "The speed gate"; the table is generated, this is a reading).
+# Per GPU model. The table's rows carry the GPU they were measured on (torch.cuda.get_device_name):
+# H200 runs of the kernels that ship (bench_bwd.py --extra --dropin, synchronized and back to
+# back, since 0769eb1) and two H100 runs of an older commit (7e8a75e, lower bounds there); the
+# runs are listed in benchmarks/results/speed_table_runs.txt. A call is gated by the rows of its
+# own GPU model; on a model the table has no rows of (say an H800, or an H100 PCIe), by every
+# model's rows, so a length passes only where it passed on each. Each row keeps its slowest run.
+# docs/ROUTING.md ("The speed gate") has what this routes on each GPU.
 # FA2 (flash) and the memory-efficient backward were slower than ours on every row, so those
 # nodes are always routed (also under deterministic algorithms, where they are torch's
 # deterministic kernels, 1.5-3.4x slower than our deterministic mode).
-FASTER_THAN_CUDNN_LENGTHS = {case: routed_lengths_from_table(speed_table.ROWS, "cudnn", False, case)
-                             for case in UNMASKED_CASES}
-# MHA calls (as many kv heads as q heads) by the MHA rows alone: the GQA rows time other code
-# paths (a CTA walking its group, or fp32 dK / dV accumulators and one tile per CTA), and the
-# MQA row at 8k keys (0.98-0.99x in the twenty-second session's runs) kept d128 is_causal MHA
-# calls at 8k keys (1.04x or more in every run) on stock.
-MHA_FASTER_THAN_CUDNN_LENGTHS = {case: routed_lengths_from_table(speed_table.ROWS, "cudnn", False, case,
-                                                                 paths=(PATH_MHA,))
-                                 for case in UNMASKED_CASES}
+MEASURED_DEVICES = tuple(sorted({r["device"] for r in speed_table.ROWS}))
+
+
+def _family_rows(device: Optional[str], stock: str, masked: bool) -> list:
+    """The rows of one stock backend, masked or not, that gate a call on GPU model `device`:
+    those measured on it, or every model's where it has none (None: a model not measured)."""
+    family = [r for r in speed_table.ROWS if r["stock"] == stock and r["masked"] == masked]
+    return [r for r in family if r["device"] == device] or family
+
+
+class GateTables(NamedTuple):
+    """The routed key lengths of one GPU model ({head dim: ranges}, per case where unmasked)."""
+
+    gqa: dict  # GQA calls with fp32 dK / dV accumulators (MQA, short or small-batch calls): every row
+    mha: dict  # MHA calls (as many kv heads as q heads): the MHA rows
+    masked: dict  # masked calls (mask broadcast over heads)
+    walked_groups: tuple  # the groups G of the walked GQA rows (walked_gqa_faster_than_cudnn_lengths)
+
+
+@functools.lru_cache(maxsize=None)
+def gate_tables(device: Optional[str]) -> GateTables:
+    """The speed gate of GPU model `device` (None: of a model the table has no rows of)."""
+    rows = _family_rows(device, "cudnn", False)
+    return GateTables(
+        gqa={case: routed_lengths_from_table(rows, "cudnn", False, case) for case in UNMASKED_CASES},
+        # MHA calls by the MHA rows alone: the GQA rows time other code paths (a CTA walking its
+        # group, or fp32 dK / dV accumulators and one tile per CTA), and the MQA row at 8k keys
+        # (0.98-0.99x in the twenty-second session's runs) kept d128 is_causal MHA calls at 8k
+        # keys (1.04x or more in every run) on stock.
+        mha={case: routed_lengths_from_table(rows, "cudnn", False, case, paths=(PATH_MHA,))
+             for case in UNMASKED_CASES},
+        masked=routed_lengths_from_table(_family_rows(device, "cudnn", True), "cudnn", True),
+        walked_groups=tuple(sorted({r["walk"] for r in rows if r["gqa"] and r.get("walk", 1) > 1})),
+    )
+
+
+# Every model's rows (what a GPU the table has no rows of gets; tests and docs read these).
+FASTER_THAN_CUDNN_LENGTHS = gate_tables(None).gqa
+MHA_FASTER_THAN_CUDNN_LENGTHS = gate_tables(None).mha
+WALKED_GROUPS = gate_tables(None).walked_groups
+
+
 # GQA calls whose CTAs walk groups of G q heads (gqa_heads_per_cta = G > 1) by the MHA rows and
 # the rows walked by groups of G, where the table has such rows (d128 is_causal 8k: G = 2, GQA
 # 16/8, 1.09x; G = 4, 32/8, 1.03-1.11x; G = 8, 32/4, 0.89-0.91x on an H100, walked by default
 # until the twenty-fourth session, now only under TORCH_SM90_SDPA_GQA_WALK=1): the walk runs the
 # MHA m-loop once per q head of the group with K / V loaded once, and stores dK / dV as MHA's.
 # A group size the table has no row of keeps every row (as the GQA calls with accumulators,
-# FASTER_THAN_CUDNN_LENGTHS, the MQA row included).
-WALKED_GROUPS = tuple(sorted({r["walk"] for r in speed_table.ROWS if r["gqa"] and r.get("walk", 1) > 1}))
-
-
+# GateTables.gqa, the MQA row included).
 @functools.lru_cache(maxsize=None)
-def walked_gqa_faster_than_cudnn_lengths(group: int) -> dict:
-    """{case: {head dim: ranges}} of the GQA calls walked by groups of `group` q heads."""
-    if group not in WALKED_GROUPS:
-        return FASTER_THAN_CUDNN_LENGTHS
-    return {case: routed_lengths_from_table(speed_table.ROWS, "cudnn", False, case,
+def walked_gqa_faster_than_cudnn_lengths(group: int, device: Optional[str] = None) -> dict:
+    """{case: {head dim: ranges}} of the GQA calls walked by groups of `group` q heads on GPU
+    model `device` (None: a model the table has no rows of)."""
+    tables = gate_tables(device)
+    if group not in tables.walked_groups:
+        return tables.gqa
+    rows = _family_rows(device, "cudnn", False)
+    return {case: routed_lengths_from_table(rows, "cudnn", False, case,
                                             paths=(PATH_MHA, path_gqa_walked(group)))
             for case in UNMASKED_CASES}
 
@@ -534,7 +581,7 @@ def walked_gqa_faster_than_cudnn_lengths(group: int) -> dict:
 # nothing costs ours more than cuDNN's dense masked kernel (17.1 vs 9.2 ms in a d128 step when
 # no tile could be skipped), and per-head biases (ALiBi, relative positions) are dense in
 # practice: only masks broadcast over heads are routed.
-MASKED_FASTER_LENGTHS = routed_lengths_from_table(speed_table.ROWS, "cudnn", True)
+MASKED_FASTER_LENGTHS = gate_tables(None).masked
 
 
 def _broadcast_over_heads(mask) -> bool:
@@ -545,25 +592,39 @@ def _broadcast_over_heads(mask) -> bool:
     return _known(mask.size(d) == 1) or _known(mask.stride(d) == 0)
 
 
-def _masked_faster_than_stock(call: AttentionBackwardCall) -> Decision:
+def gate_device(device: torch.device) -> Optional[str]:
+    """The GPU model whose rows gate calls on `device`: its name when the table has rows of it,
+    else None (every model's rows)."""
+    name = device_name(device)
+    return name if name in MEASURED_DEVICES else None
+
+
+def _measured_on(model: Optional[str]) -> str:
+    return f"on {model}" if model is not None else "on every GPU measured"
+
+
+def _masked_faster_than_stock(call: AttentionBackwardCall, model: Optional[str]) -> Decision:
     head_dim, seqlen_k = call.q.size(-1), call.k.size(2)
     if not _broadcast_over_heads(call.mask):
         return _no(R_SLOWER, f"per-head attn_mask {_dims(call.mask)}: dense in practice (ALiBi, "
                              "relative positions), where the stock masked kernel is faster; "
                              "enable(only_faster=False) routes it anyway")
-    if in_routed_lengths(seqlen_k, MASKED_FASTER_LENGTHS.get(head_dim, ())):
+    lengths = gate_tables(model).masked
+    if in_routed_lengths(seqlen_k, lengths.get(head_dim, ())):
         return ROUTE
     return _no(R_SLOWER, f"masked call with head dim {head_dim}, Sk = {seqlen_k}: ours measured "
-                         f"faster only for {describe_lengths(MASKED_FASTER_LENGTHS)}; "
+                         f"faster {_measured_on(model)} only for {describe_lengths(lengths)}; "
                          "enable(only_faster=False) routes it anyway")
 
 
 def faster_than_stock(call: AttentionBackwardCall) -> Decision:
-    """The speed gate: route only where our kernel measured faster than the stock one."""
+    """The speed gate: route only where our kernel measured faster than the stock one, on the
+    call's GPU model (:func:`gate_tables`)."""
+    model = gate_device(call.device)
     if call.has_mask:
-        return _masked_faster_than_stock(call)
+        return _masked_faster_than_stock(call, model)
     if call.backend != "cudnn":
-        return ROUTE  # flash / efficient: see FASTER_THAN_CUDNN_LENGTHS
+        return ROUTE  # flash / efficient: see the comment above MEASURED_DEVICES
     head_dim = call.q.size(-1)
     case = "causal" if call.is_causal else "full"
     seqlen_k = call.k.size(2)
@@ -572,16 +633,16 @@ def faster_than_stock(call: AttentionBackwardCall) -> Decision:
         call.q, call.k, call.v, call.out, call.grad_out, is_causal=call.is_causal,
         deterministic=call.deterministic)
     if mha:
-        kind, lengths = "MHA", MHA_FASTER_THAN_CUDNN_LENGTHS[case]
+        kind, lengths = "MHA", gate_tables(model).mha[case]
     elif group > 1:
         kind, lengths = (f"GQA walked by groups of {group}",
-                         walked_gqa_faster_than_cudnn_lengths(group)[case])
+                         walked_gqa_faster_than_cudnn_lengths(group, model)[case])
     else:
-        kind, lengths = "GQA", FASTER_THAN_CUDNN_LENGTHS[case]
+        kind, lengths = "GQA", gate_tables(model).gqa[case]
     if in_routed_lengths(seqlen_k, lengths.get(head_dim, ())):
         return ROUTE
-    return _no(R_SLOWER, f"cuDNN measured faster for head dim {head_dim}, {case}, {kind}, Sk = "
-                         f"{seqlen_k} (ours is faster only for {case} {kind}: "
+    return _no(R_SLOWER, f"cuDNN measured faster {_measured_on(model)} for head dim {head_dim}, "
+                         f"{case}, {kind}, Sk = {seqlen_k} (ours is faster only for {case} {kind}: "
                          f"{describe_lengths(lengths)}); enable(only_faster=False) routes it anyway")
 
 
@@ -680,23 +741,34 @@ def policy_fingerprint() -> tuple:
     """What, besides this package's sources, decides routing: part of the pass's uuid()."""
     info = _extension.build_info()
     caps: Sequence = ()
+    models: Sequence = ()
     try:
         # Only once CUDA is initialized (never initialize it here): a CUDA graph cannot be
         # compiled before, since Dynamo traces real CUDA tensors.
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            caps = tuple(device_capability(torch.device("cuda", i))
-                         for i in range(torch.cuda.device_count()))
+            devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+            caps = tuple(device_capability(d) for d in devices)
+            models = tuple(gate_device(d) for d in devices)  # the gate's rows follow the model
     except Exception:
         caps = ("unknown",)
     return (
         tuple(sorted((str(k), repr(v)) for k, v in info.items())),
         caps,
         CUDA_DETERMINISTIC_SUPPORTED,
-        sorted((case, sorted(t.items())) for case, t in FASTER_THAN_CUDNN_LENGTHS.items()),
-        sorted((case, sorted(t.items())) for case, t in MHA_FASTER_THAN_CUDNN_LENGTHS.items()),
-        [(g, sorted((case, sorted(t.items())) for case, t in walked_gqa_faster_than_cudnn_lengths(g).items()))
-         for g in WALKED_GROUPS],
+        tuple(_gate_fingerprint(m) for m in sorted(set(models) | {None}, key=str)),
         # the GQA walk (and so the gate of GQA calls) follows this switch, read at compile time
         os.environ.get("TORCH_SM90_SDPA_GQA_WALK", ""),
-        sorted(MASKED_FASTER_LENGTHS.items()),
+    )
+
+
+def _gate_fingerprint(model: Optional[str]) -> tuple:
+    tables = gate_tables(model)
+    return (
+        model,
+        sorted((case, sorted(t.items())) for case, t in tables.gqa.items()),
+        sorted((case, sorted(t.items())) for case, t in tables.mha.items()),
+        [(g, sorted((case, sorted(t.items()))
+                    for case, t in walked_gqa_faster_than_cudnn_lengths(g, model).items()))
+         for g in tables.walked_groups],
+        sorted(tables.masked.items()),
     )
