@@ -1400,6 +1400,15 @@ class TestCommandLine(unittest.TestCase):
         self.assertIn("step 2/2", out.stderr)
         self.assertIn("OK", out.stdout)
 
+    def test_demo_cpu_bidirectional(self):
+        out = self.run_cli("demo", "--device", "cpu", "--steps", "1", "--seq-len", "16",
+                           "--dim", "32", "--layers", "1", "--no-causal")
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn("bidirectional (is_causal=False)", out.stdout)
+        self.assertIn("replaced: 1 x aten._scaled_dot_product_flash_attention_for_cpu_backward",
+                      out.stdout)
+        self.assertIn("OK", out.stdout)
+
 
 if __name__ == "__main__":
     expecttest.run_tests() if hasattr(expecttest, "run_tests") else unittest.main()

@@ -2,9 +2,10 @@
 # One device call on a prebuilt extension (build/carry: a call's prebuilt/, the .so gunzipped):
 # the GPU suite verbose (each test's outcome printed as it ends, so a cut run still names its
 # failures), then the compiled 8-block GPT demo with the default enable() (issue 8's step
-# ratio).
+# ratio); with DEMO2_ARGS (e.g. "--no-causal": the same stack bidirectional), a second demo
+# with those arguments added (demo2.txt).
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/suite_demo_call.sh "$OUT"
-#   (carry .whl and build/carry). About 7 minutes: suite 260 s, demo 100 s.
+#   (carry .whl and build/carry). About 7 minutes: suite 260 s, demo 100 s (each).
 set -uo pipefail
 source "$(dirname "$0")/call_header.sh" "$@"
 use_prebuilt
@@ -16,6 +17,11 @@ sed -n '/= FAILURES =/,$p' /tmp/suite.txt | head -c 60000 > "$OUTD/suite_failure
 timeout 160 python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
   --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster > "$OUTD/demo.txt" 2>&1
 stamp "demo --only-faster: exit $?, $(grep 'step speedup\|no attention backward' "$OUTD/demo.txt")"
+if [ -n "${DEMO2_ARGS:-}" ]; then
+  timeout 160 python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
+    --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster $DEMO2_ARGS > "$OUTD/demo2.txt" 2>&1
+  stamp "demo --only-faster $DEMO2_ARGS: exit $?, $(grep 'step speedup\|no attention backward' "$OUTD/demo2.txt")"
+fi
 cat "$OUTD/suite_failures.txt"
-grep -E "replaced|kept stock|speed|step |routing_stats" "$OUTD/demo.txt"
+grep -E "replaced|kept stock|speed|step |routing_stats" "$OUTD/demo.txt" "$OUTD/demo2.txt" 2>/dev/null
 cat "$OUTD/summary.txt"

@@ -150,12 +150,14 @@ def run(args) -> int:
     else:
         _say(f"device: {torch.cuda.get_device_name()} -- {why}; bf16 autocast.")
     _say(f"model: {args.layers} blocks, dim {args.dim}, {args.heads} heads of {head_dim}, "
-         f"{args.kv_heads or args.heads} kv heads, causal; batch {args.batch}, "
+         f"{args.kv_heads or args.heads} kv heads, "
+         f"{'bidirectional (is_causal=False)' if args.no_causal else 'causal'}; batch {args.batch}, "
          f"seq len {args.seq_len}; {args.steps} steps")
 
     torch.manual_seed(args.seed)
     base = TinyTransformer(vocab=args.vocab, dim=args.dim, heads=args.heads,
-                           kv_heads=args.kv_heads, layers=args.layers).to(device)
+                           kv_heads=args.kv_heads, layers=args.layers,
+                           causal=not args.no_causal).to(device)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq_len), device=device)
 
     # 1. uncompiled stock reference gradients of the first step
@@ -279,6 +281,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-heads", type=int, default=None,
                    help="key/value heads (GQA when fewer than --heads; default: half)")
     p.add_argument("--layers", type=int, default=2, help="blocks (default 2)")
+    p.add_argument("--no-causal", action="store_true",
+                   help="bidirectional self-attention (is_causal=False, no mask), as an encoder; "
+                        "the loss is still next-token prediction (for timing, not to learn)")
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
