@@ -13,7 +13,8 @@
 #   tools/ab_session.sh /tmp/ab ab/x.patch 3 -- python3 benchmarks/bench_masks.py --kinds causal --seqs 2048 --reps 30
 # Variants: TORCH_SM90_SDPA_HEAD_DIMS (default 128) and TORCH_SM90_SDPA_DTYPES (default bf16);
 # the builds share the cores. TESTS (optional): pytest arguments run in every tree after
-# the builds (e.g. "-n 4 tests/test_cuda_masks.py"); by default only the build smoke test.
+# the builds (e.g. "-n 4 tests/test_cuda_masks.py"), split on spaces; TESTS_K (optional): a -k
+# expression added as one argument; by default only the build smoke test.
 # Writes OUTDIR/a, OUTDIR/b, ... (gpu_check logs), a.txt, b.txt, ... (the command's output per
 # round, headed by the round) and prints a summary. Carry .whl.
 set -uo pipefail
@@ -59,6 +60,8 @@ export TORCH_SM90_SDPA_DTYPES=${TORCH_SM90_SDPA_DTYPES:-bf16}
 share=$(( $(nproc) / ${#SIDES[@]} ))
 [ "$share" -ge 1 ] || share=1
 read -r -a TEST_ARGS <<< "${TESTS:-tests/test_build.py -k build_info}"
+# TESTS is split on spaces; TESTS_K is one pytest -k expression (e.g. "192 or 256")
+[ -n "${TESTS_K:-}" ] && TEST_ARGS+=(-k "$TESTS_K")
 t0=$(date +%s)
 for side in "${SIDES[@]}"; do
   { (cd "${TREE[$side]}" && MAX_JOBS=$share tools/gpu_check.sh "$OUT/$side" "${TEST_ARGS[@]}" \
