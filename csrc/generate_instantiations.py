@@ -62,6 +62,7 @@ class Tile(NamedTuple):
     dq_slices: int      # dQ computed in this many column slices
     swap_dq: bool = False  # dQ^T = K^T dS^T (block_m need not be a multiple of 64)
     sdp_by_wg: bool = False  # S on warpgroup 0, dP on warpgroup 1 (each the whole tile)
+    dkv_stmatrix: bool = False  # swapped dK^T / dV^T written to the epilogue tile by stmatrix .trans
 
 
 # The main kernel's tile per head dim (bf16 and fp16 share it); its keys are the head dims
@@ -71,7 +72,7 @@ TILES: Dict[int, Tile] = {
     96: Tile(64, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1),
     128: Tile(64, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1),
     192: Tile(64, 64, 2, 2, 2, 1, False, True, 1, 2, 1, 1),
-    256: Tile(64, 64, 2, 2, 1, 1, False, True, 1, 1, 1, 2, False, True),
+    256: Tile(64, 64, 2, 2, 1, 1, False, True, 1, 1, 1, 2, False, True, True),
 }
 # d256's dK / dV (swapped, M = the head dim): atom_n_dkv 1, the warpgroups split the head dim
 # and each takes all 64 keys (two m64n64k16 per k-step: 8 KB of shared-memory operands per 64
@@ -81,6 +82,10 @@ TILES: Dict[int, Tile] = {
 # d256's sdp_by_wg: S on warpgroup 0 and dP on warpgroup 1, each over the whole 64 x 64 tile
 # (Q, dO, K, V read once per m-block, not Q and dO once per warpgroup); main kernel 0.2-4.7%
 # faster on every FA-grid d256 row (A/B, twenty-eighth session).
+# d256's dkv_stmatrix: the epilogue writes dK^T / dV^T into the (keys, head dim) tile with
+# stmatrix .trans (16-byte rows) instead of one 16-bit store per element; main kernel 1.3-22%
+# faster on every FA-grid d256 row, most at short lengths (A/B, twenty-ninth session). d192
+# measured level to 1.3% slower with it (its spill grew) and keeps the element-wise stores.
 # Head dims whose dense kernel has a tile of its own for calls that are not deterministic
 # (causal or full; FullBwdConfig<D>: a third kernel in bwd_main_<dtype>_hdim<D>_full.cu). The
 # masked and deterministic kernels keep TILES' tile: the mask classification and the
@@ -276,13 +281,14 @@ def tile_configs_header() -> str:
         "// The main kernel's tile per head dim (TILES in csrc/generate_instantiations.py).\n",
         "#pragma once\n\n",
         "namespace sm90_sdpa {\nnamespace kernel {\n\n",
-        "//                  D    M    N  WG  Q dO dS  swapSdP swapdKV MSdP NdKV MdQ slices swapdQ\n",
+        "//                  D    M    N  WG  Q dO dS  swapSdP swapdKV MSdP NdKV MdQ slices swapdQ "
+        "SdPByWG dKVstmatrix\n",
     ]
     def config(d: int, t: Tile) -> str:
         return (f"BwdTileConfig<{d}, {t.block_m}, {t.block_n}, {t.mma_wg}, {t.stages_q}, "
                 f"{t.stages_do}, {t.stages_ds}, {_cpp_bool(t.swap_sdp)}, {_cpp_bool(t.swap_dkv)}, "
                 f"{t.atom_m_sdp}, {t.atom_n_dkv}, {t.atom_m_dq}, {t.dq_slices}, "
-                f"{_cpp_bool(t.swap_dq)}, {_cpp_bool(t.sdp_by_wg)}>")
+                f"{_cpp_bool(t.swap_dq)}, {_cpp_bool(t.sdp_by_wg)}, {_cpp_bool(t.dkv_stmatrix)}>")
 
     for d, t in sorted(TILES.items()):
         lines.append(f"template <> struct DefaultBwdConfig<{d}>\n    : {config(d, t)} {{}};\n")
@@ -305,7 +311,8 @@ def tile_table_markdown() -> str:
                "S = Q K^T on warpgroup 0, dP = dO V^T on 1" if t.sdp_by_wg else "S = Q K^T")
         # swapped dK / dV: the warpgroups split the keys (N) or the head dim (M, atom_n_dkv 1)
         split = "keys" if t.atom_n_dkv > 1 else "head dim"
-        dkv = (f"dV^T = dO^T P, dK^T = Q^T dS (SS, warpgroups split the {split})" if t.swap_dkv else
+        dkv = (f"dV^T = dO^T P, dK^T = Q^T dS (SS, warpgroups split the {split}"
+               f"{'; stored by stmatrix' if t.dkv_stmatrix else ''})" if t.swap_dkv else
                "RS: P^T, dS^T from registers" if t.swap_sdp else "SS")
         dq = f"{t.dq_slices}" + (" (dQ^T = K^T dS^T)" if t.swap_dq else "")
         rows.append(f"| {d} | {t.block_m} x {t.block_n} | {t.mma_wg} | "

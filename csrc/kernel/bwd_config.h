@@ -19,7 +19,7 @@ namespace kernel {
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNumMmaWG_, int kStagesQ_, int kStagesdO_,
           int kStagesdS_, bool kSdPSwapAB_, bool kdKVSwapAB_, int kAtomLayoutMSdP_,
           int kAtomLayoutNdKV_, int kAtomLayoutMdQ_, int kdQSlices_, bool kdQSwapAB_ = false,
-          bool kSdPByWG_ = false>
+          bool kSdPByWG_ = false, bool kdKVStmatrix_ = false>
 struct BwdTileConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;        // query rows per m-block
@@ -41,6 +41,10 @@ struct BwdTileConfig {
   // tile in shared memory (16-bit, which dV's wgmma reads anyway), so dS = P (dP - dpsum)
   // takes the 16-bit P, and dS is computed after P.
   static constexpr bool kSdPByWG = kSdPByWG_;
+  // The epilogue writes the swapped dK^T / dV^T accumulators into the (kBlockN, D) tile with
+  // stmatrix .trans (a 16-byte row of eight head-dim elements per lane and matrix) instead of
+  // one 16-bit store per element (BwdEpilogue::write_tile; 16-bit tiles only).
+  static constexpr bool kdKVStmatrix = kdKVStmatrix_;
 
   static_assert(kStagesdS == 1 || kStagesdS == kStagesQ);
   static_assert(kStagesQ >= kStagesdO);
@@ -52,6 +56,7 @@ struct BwdTileConfig {
   static_assert(kHeadDim % (16 * kdQSlices) == 0);
   static_assert(!kSdPByWG || (!kSdPSwapAB && kdKVSwapAB && kNumMmaWG == 2 && kAtomLayoutMSdP == 1),
                 "S / dP by warpgroup: unswapped S, P from shared memory for dV, two MMA warpgroups");
+  static_assert(!kdKVStmatrix || kdKVSwapAB, "stmatrix .trans stores the swapped dK^T / dV^T");
 };
 
 // Default tile per head dim (bf16 and fp16 share it). The specializations are generated from
