@@ -18,13 +18,7 @@ else
   build_all /tmp/bench_pair_logs
 fi
 
-timeout 150 python3 benchmarks/bench_bwd.py --extra --dropin --json "$OUTD/bench_sync.json" \
-  > "$OUTD/bench_sync.txt" 2>&1
-stamp "bench_bwd --extra --dropin: exit $?, $(grep -E 'ours / cudnn:|public paths|paths agree' "$OUTD/bench_sync.txt" | tr '\n' ';')"
-
-timeout 170 python3 benchmarks/bench_bwd.py --extra --dropin --batched 5 --reps 6 \
-  --json "$OUTD/bench_batched.json" > "$OUTD/bench_batched.txt" 2>&1
-stamp "bench_bwd --batched 5: exit $?, $(grep -E 'ours / cudnn:|public paths|paths agree' "$OUTD/bench_batched.txt" | tr '\n' ';')"
+bench_pair bench_sync bench_batched 150 170
 
 left=$(( 590 - ($(date +%s) - t0) ))
 if [ "$left" -gt 40 ]; then

@@ -14,6 +14,10 @@
 #                   the GPU suite (pytest -n 8, DIR/suite.txt) with compute-sanitizer memcheck
 #                   on tools/sanitize_case.py beside it (DIR/memcheck.txt), each under its
 #                   timeout in seconds and stamped; DIR defaults to LOGS
+#   bench_pair SYNC BATCHED SYNC_S BATCHED_S
+#                   bench_bwd.py --extra --dropin synchronized (OUTD/SYNC.json, .txt), then back
+#                   to back (--batched 5 --reps 6: OUTD/BATCHED.json, .txt), each under its
+#                   timeout in seconds and stamped with its geometric means
 #   build_all DIR   LOGS=DIR (emptied), every variant built by tools/device_session.sh (smoke
 #                   test only), its result stamped, the build's prebuilt/ copied to OUTD (for
 #                   PREBUILT=1 in a later call), then PYTHONPATH set
@@ -38,6 +42,14 @@ build_all() {
   cp -r "$LOGS/session/prebuilt" "$OUTD/" 2>/dev/null
   use_deps
 }
+bench_one() {  # NAME LIMIT_S [bench_bwd arguments added to --extra --dropin]
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" python3 benchmarks/bench_bwd.py --extra --dropin "$@" --json "$OUTD/$name.json" \
+    > "$OUTD/$name.txt" 2>&1
+  stamp "bench_bwd --extra --dropin $*: exit $?, $(grep -E 'ours / cudnn:|public paths|paths agree' "$OUTD/$name.txt" | tr '\n' ';')"
+}
+bench_pair() { bench_one "$1" "$3"; bench_one "$2" "$4" --batched 5 --reps 6; }
 suite_with_memcheck() {
   local dir=${3:-$LOGS}
   timeout "$1" compute-sanitizer --tool memcheck python3 tools/sanitize_case.py > "$dir/memcheck.txt" 2>&1 &

@@ -19,11 +19,6 @@ timeout 60 python3 tools/public_path_probe.py --nodes 2>&1 | grep -v -i warn > "
 stamp "public_path_probe --nodes: exit $?"
 suite_with_memcheck 260 ${SUITE_TIMEOUT_S:-270} /tmp
 tail -n 30 /tmp/suite.txt > "$OUTD/suite_tail.txt"
-timeout 120 python3 benchmarks/bench_bwd.py --extra --dropin --json "$OUTD/bench_bwd_dropin.json" \
-  > "$OUTD/bench_bwd_dropin.txt" 2>&1
-stamp "bench_bwd --extra --dropin: exit $?, $(grep -E 'ours / cudnn:|public paths|paths agree' "$OUTD/bench_bwd_dropin.txt" | tr '\n' ';')"
-timeout 150 python3 benchmarks/bench_bwd.py --extra --dropin --batched 5 --reps 6 \
-  --json "$OUTD/bench_bwd_batched.json" > "$OUTD/bench_bwd_batched.txt" 2>&1
-stamp "bench_bwd --batched 5: exit $?, $(grep -E 'ours / cudnn:|public paths|paths agree' "$OUTD/bench_bwd_batched.txt" | tr '\n' ';')"
+bench_pair bench_bwd_dropin bench_bwd_batched 120 150
 head -c 6000 "$OUTD/ncu_d256_top.txt" 2>/dev/null
 cat "$OUTD/summary.txt"

@@ -194,24 +194,29 @@ def _capability_cached(index: int):
     return torch.cuda.get_device_capability(index)
 
 
-def device_capability(device: torch.device):
-    """(major, minor) of a CUDA device, or None if there is no such device here.
+@functools.lru_cache(maxsize=None)
+def _name_cached(index: int) -> str:
+    return torch.cuda.get_device_name(index)
 
-    Tests replace this function to describe a GPU this machine does not have."""
+
+def _query_cuda_device(device: torch.device, query):
+    """query(index) for a CUDA device present here, else None (not CUDA, no driver, bad
+    index: not a device we can serve)."""
     if device.type != "cuda":
         return None
     try:
         if not torch.cuda.is_available():
             return None
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return _capability_cached(index)
-    except Exception:  # no driver, bad index: not a device we can serve
+        return query(device.index if device.index is not None else torch.cuda.current_device())
+    except Exception:
         return None
 
 
-@functools.lru_cache(maxsize=None)
-def _name_cached(index: int) -> str:
-    return torch.cuda.get_device_name(index)
+def device_capability(device: torch.device):
+    """(major, minor) of a CUDA device, or None if there is no such device here.
+
+    Tests replace this function to describe a GPU this machine does not have."""
+    return _query_cuda_device(device, _capability_cached)
 
 
 def device_name(device: torch.device) -> Optional[str]:
@@ -219,15 +224,7 @@ def device_name(device: torch.device) -> Optional[str]:
     None if there is no such device here. The speed gate picks its rows by it.
 
     Tests replace this function to describe a GPU this machine does not have."""
-    if device.type != "cuda":
-        return None
-    try:
-        if not torch.cuda.is_available():
-            return None
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return _name_cached(index)
-    except Exception:  # no driver, bad index
-        return None
+    return _query_cuda_device(device, _name_cached)
 
 
 def resolved_scale(call: AttentionBackwardCall) -> Optional[float]:
