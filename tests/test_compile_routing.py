@@ -1272,6 +1272,13 @@ class TestSpeedGate(unittest.TestCase):
             self.assertEqual(decision.reason, policy.R_SLOWER, model)
             self.assertIn(f"on {model}" if model == h100 else "on every GPU measured", decision.detail)
         self.assertTrue(gate(h100, 256, 512, False))
+        # a walked group the model has no rows of takes every model's rows of it: the H100's
+        # runs have no group of 2, so the compiled GPT's GQA 16/8 at 8k keys is gated there by
+        # the H100's MHA rows and the H200's walked rows (routed), not by the H100's MQA row
+        for model in (h100, h200):
+            lengths = policy.walked_gqa_faster_than_cudnn_lengths(2, model)["causal"][128]
+            self.assertTrue(policy.in_routed_lengths(8192, lengths), model)
+        self.assertFalse(policy.in_routed_lengths(8192, policy.gate_tables(h100).gqa["causal"][128]))
         for model in (h200, "NVIDIA H800"):
             self.assertEqual(gate(model, 256, 512, False).reason, policy.R_SLOWER, model)
         self.assertIsNone(policy.gate_device(torch.device("cpu")))

@@ -522,7 +522,6 @@ class GateTables(NamedTuple):
     gqa: dict  # GQA calls with fp32 dK / dV accumulators (MQA, short or small-batch calls): every row
     mha: dict  # MHA calls (as many kv heads as q heads): the MHA rows
     masked: dict  # masked calls (mask broadcast over heads)
-    walked_groups: tuple  # the groups G of the walked GQA rows (walked_gqa_faster_than_cudnn_lengths)
 
 
 @functools.lru_cache(maxsize=None)
@@ -538,14 +537,14 @@ def gate_tables(device: Optional[str]) -> GateTables:
         mha={case: routed_lengths_from_table(rows, "cudnn", False, case, paths=(PATH_MHA,))
              for case in UNMASKED_CASES},
         masked=routed_lengths_from_table(_family_rows(device, "cudnn", True), "cudnn", True),
-        walked_groups=tuple(sorted({r["walk"] for r in rows if r["gqa"] and r.get("walk", 1) > 1})),
     )
 
 
 # Every model's rows (what a GPU the table has no rows of gets; tests and docs read these).
 FASTER_THAN_CUDNN_LENGTHS = gate_tables(None).gqa
 MHA_FASTER_THAN_CUDNN_LENGTHS = gate_tables(None).mha
-WALKED_GROUPS = gate_tables(None).walked_groups
+# the groups G of the table's walked GQA rows, any model's (walked_gqa_faster_than_cudnn_lengths)
+WALKED_GROUPS = tuple(sorted({r["walk"] for r in speed_table.ROWS if r["gqa"] and r.get("walk", 1) > 1}))
 
 
 # GQA calls whose CTAs walk groups of G q heads (gqa_heads_per_cta = G > 1) by the MHA rows and
@@ -554,17 +553,20 @@ WALKED_GROUPS = gate_tables(None).walked_groups
 # until the twenty-fourth session, now only under TORCH_SM90_SDPA_GQA_WALK=1): the walk runs the
 # MHA m-loop once per q head of the group with K / V loaded once, and stores dK / dV as MHA's.
 # A group size the table has no row of keeps every row (as the GQA calls with accumulators,
-# GateTables.gqa, the MQA row included).
+# GateTables.gqa, the MQA row included). A model without rows of the group takes every model's
+# rows of it beside its own MHA rows (the H100's runs have no group of 2: the compiled GPT's GQA
+# 16/8 there is gated by the H200's walked rows and the H100's MHA rows).
 @functools.lru_cache(maxsize=None)
 def walked_gqa_faster_than_cudnn_lengths(group: int, device: Optional[str] = None) -> dict:
     """{case: {head dim: ranges}} of the GQA calls walked by groups of `group` q heads on GPU
     model `device` (None: a model the table has no rows of)."""
-    tables = gate_tables(device)
-    if group not in tables.walked_groups:
-        return tables.gqa
+    if group not in WALKED_GROUPS:
+        return gate_tables(device).gqa
+    path = path_gqa_walked(group)
     rows = _family_rows(device, "cudnn", False)
-    return {case: routed_lengths_from_table(rows, "cudnn", False, case,
-                                            paths=(PATH_MHA, path_gqa_walked(group)))
+    if not any(r["gqa"] and row_path(r) == path for r in rows):
+        rows = rows + [r for r in _family_rows(None, "cudnn", False) if r["gqa"] and row_path(r) == path]
+    return {case: routed_lengths_from_table(rows, "cudnn", False, case, paths=(PATH_MHA, path))
             for case in UNMASKED_CASES}
 
 
@@ -766,6 +768,6 @@ def _gate_fingerprint(model: Optional[str]) -> tuple:
         sorted((case, sorted(t.items())) for case, t in tables.mha.items()),
         [(g, sorted((case, sorted(t.items()))
                     for case, t in walked_gqa_faster_than_cudnn_lengths(g, model).items()))
-         for g in tables.walked_groups],
+         for g in WALKED_GROUPS],
         sorted(tables.masked.items()),
     )
