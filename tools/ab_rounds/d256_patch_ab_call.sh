@@ -13,7 +13,10 @@
 # Runs: twenty-seventh session's call 2 at f2d0d4d with PATCH=.../d256-ndkv1.patch (atom_n_dkv
 # 1, landed in b63d144: that patch applies to f2d0d4d only); twenty-eighth session's call 1 at
 # c4bebea with PATCH=.../d256-sdp-by-wg.patch (S on warpgroup 0, dP on warpgroup 1; landed
-# right after: it applies to c4bebea only; results in benchmarks/results/session28/call1).
+# right after: it applies to c4bebea only; results in benchmarks/results/session28/call1);
+# twenty-ninth session's call 4 at 0e0b908 with AB_DIMS=192,256 and
+# PATCH=.../dkv-stsm.patch (the dK / dV epilogue by stmatrix; landed for d256 only in 9941635,
+# as a tile flag; results in benchmarks/results/session29/call4).
 set -uo pipefail
 source "$(dirname "$0")/../call_header.sh" "$@"
 dims=${AB_DIMS:-256}
