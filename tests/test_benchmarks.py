@@ -6,6 +6,7 @@ import math
 import os
 import sys
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,8 +120,26 @@ def test_speed_table_runs_file_lists_existing_results(tmp_path):
     assert listed and len(set(listed)) == len(listed)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert all(os.path.isfile(os.path.join(root, p)) for p in listed), listed
-    (tmp_path / "runs.txt").write_text("# a comment\n\na.json  # why\n  b.json\n")
+    (tmp_path / "runs.txt").write_text("# a comment\n\na.json  # why\n  b.json head_dims=128,64\n")
     assert speed_table_tool.read_runs_file(str(tmp_path / "runs.txt")) == ["a.json", "b.json"]
+    assert speed_table_tool.read_runs(str(tmp_path / "runs.txt")) == [("a.json", None),
+                                                                       ("b.json", (64, 128))]
+    (tmp_path / "bad.txt").write_text("a.json dims=64\n")
+    with pytest.raises(ValueError, match="unknown option"):
+        speed_table_tool.read_runs(str(tmp_path / "bad.txt"))
+
+
+def test_speed_table_takes_only_the_head_dims_a_run_is_restricted_to(tmp_path):
+    row = dict(causal=True, seqlen=2048, batch=8, heads=16, kv_heads=16, masked=False,
+               dtype="bf16", tflops={"ours": 300.0, "cudnn": 400.0})
+    path = str(tmp_path / "r.json")
+    with open(path, "w") as f:
+        json.dump({"meta": {"bench": "bench_bwd", "device": "NVIDIA H200"},
+                   "rows": [dict(row, head_dim=128), dict(row, head_dim=256)]}, f)
+    sources, rows = speed_table_tool.build([(path, (128,))])
+    assert [r["head_dim"] for r in rows] == [128] and sources[0]["head_dims"] == [128]
+    sources, rows = speed_table_tool.build([path])
+    assert [r["head_dim"] for r in rows] == [128, 256] and "head_dims" not in sources[0]
 
 
 def test_speed_table_files_gqa_rows_by_the_walk_they_ran():

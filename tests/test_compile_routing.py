@@ -1367,12 +1367,14 @@ class TestSpeedGate(unittest.TestCase):
             "speed_table_generator", os.path.join(root, "tools", "speed_table.py"))
         generator = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(generator)
-        paths = [src["file"] for src in speed_table.SOURCES]
-        self.assertEqual(paths, generator.read_runs_file())  # the runs its list names
+        runs = generator.read_runs()  # the runs its list names, with their head-dim restrictions
+        self.assertEqual([src["file"] for src in speed_table.SOURCES], [f for f, _ in runs])
+        self.assertEqual([tuple(src.get("head_dims", ())) or None for src in speed_table.SOURCES],
+                         [dims for _, dims in runs])
         cwd = os.getcwd()
         os.chdir(root)
         try:
-            text = generator.render(*generator.build(paths))
+            text = generator.render(*generator.build(runs))
         finally:
             os.chdir(cwd)
         with open(os.path.join(root, "torch_sm90_sdpa", "speed_table.py")) as f:

@@ -12,7 +12,9 @@ stock backend, head dim and (unmasked) causal / full, the key-length ranges wher
 measured row was faster (policy.routed_lengths_from_table, policy.gate_tables).
 
 Which runs the table is made of is a list, RUNS_FILE (benchmarks/results/speed_table_runs.txt):
-the runs of the kernels that ship, not every result ever kept (see its comments).
+the runs of the kernels that ship, not every result ever kept (see its comments); a line may
+restrict its file to some head dims (`head_dims=64,96,128,192`), for a run whose other head
+dims' kernels have changed since.
 
     python tools/speed_table.py [-o torch_sm90_sdpa/speed_table.py]          # the runs of RUNS_FILE
     python tools/speed_table.py FILE.json ... [-o ...]                      # these results instead
@@ -61,12 +63,30 @@ def walked(r) -> int:
 NOT_GATED = ("alibi", "dense")
 
 
-def read_runs_file(path: str = RUNS_FILE):
-    """The result files a runs list names (one path per line, relative to the repository root;
-    '#' starts a comment)."""
+def read_runs(path: str = RUNS_FILE):
+    """[(result file, head dims or None)] of a runs list: one result file per line, relative to
+    the repository root, '#' starting a comment. A line may end with `head_dims=64,96,...`: only
+    those head dims' rows of the file count (a run whose other head dims' kernels have changed
+    since it was measured)."""
+    runs = []
     with open(os.path.join(ROOT, path)) as f:
-        lines = (line.split("#", 1)[0].strip() for line in f)
-        return [line for line in lines if line]
+        for line in f:
+            fields = line.split("#", 1)[0].split()
+            if not fields:
+                continue
+            dims = None
+            for option in fields[1:]:
+                key, _, value = option.partition("=")
+                if key != "head_dims" or not value:
+                    raise ValueError(f"{path}: unknown option {option!r} in {line.strip()!r}")
+                dims = tuple(sorted(int(d) for d in value.split(",")))
+            runs.append((fields[0], dims))
+    return runs
+
+
+def read_runs_file(path: str = RUNS_FILE):
+    """The result files a runs list names (read_runs without the head-dim restrictions)."""
+    return [file for file, _ in read_runs(path)]
 
 
 def rows_of(result, source):
@@ -100,13 +120,18 @@ def rows_of(result, source):
 KEY = ("device", "stock", "masked", "head_dim", "seqlen", "case", "gqa", "walk")
 
 
-def build(paths):
+def build(runs):
+    """(SOURCES, ROWS) of result files: each entry a path, or (path, head dims or None) as
+    read_runs gives them (a restricted file's source records its head_dims)."""
     sources, table = [], {}
-    for path in paths:
+    for entry in runs:
+        path, dims = (entry, None) if isinstance(entry, str) else entry
         with open(path) as f:
             result = json.load(f)
-        sources.append(dict(result["meta"], file=path))
+        sources.append(dict(result["meta"], file=path, **({"head_dims": list(dims)} if dims else {})))
         for row in rows_of(result, len(sources) - 1):
+            if dims and row["head_dim"] not in dims:
+                continue
             key = tuple(row[k] for k in KEY)
             if key not in table or row["speedup"] < table[key]["speedup"]:
                 table[key] = row
@@ -132,7 +157,7 @@ def main():
         paths = a.results
     else:
         os.chdir(ROOT)  # SOURCES name the files relative to the repository root
-        paths = read_runs_file()
+        paths = read_runs()
     text = render(*build(paths))
     if out == "-":
         sys.stdout.write(text)
