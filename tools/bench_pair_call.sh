@@ -22,9 +22,7 @@ bench_pair bench_sync bench_batched 150 170
 
 left=$(( 590 - ($(date +%s) - t0) ))
 if [ "$left" -gt 40 ]; then
-  timeout "$left" python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
-    --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster > "$OUTD/demo.txt" 2>&1
-  stamp "demo --only-faster (timeout ${left} s): exit $?, $(grep 'step speedup\|no attention backward' "$OUTD/demo.txt")"
+  gpt_demo demo.txt "$left"
 else
   stamp "demo skipped: ${left} s left of 590"
 fi

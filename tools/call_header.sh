@@ -18,6 +18,10 @@
 #                   bench_bwd.py --extra --dropin synchronized (OUTD/SYNC.json, .txt), then back
 #                   to back (--batched 5 --reps 6: OUTD/BATCHED.json, .txt), each under its
 #                   timeout in seconds and stamped with its geometric means
+#   gpt_demo FILE LIMIT_S [demo arguments]
+#                   the compiled 8-block GPT of issue 8 (d128, 16 q / 8 kv heads, b2 s8192) with
+#                   the default enable() (`demo --only-faster`) into OUTD/FILE, stamped with its
+#                   step and attention-backward ratios
 #   build_all DIR   LOGS=DIR (emptied), every variant built by tools/device_session.sh (smoke
 #                   test only), its result stamped, the build's prebuilt/ copied to OUTD (for
 #                   PREBUILT=1 in a later call), then PYTHONPATH set
@@ -50,6 +54,13 @@ bench_one() {  # NAME LIMIT_S [bench_bwd arguments added to --extra --dropin]
   stamp "bench_bwd --extra --dropin $*: exit $?, $(grep -E 'ours / cudnn:|public paths|paths agree' "$OUTD/$name.txt" | tr '\n' ';')"
 }
 bench_pair() { bench_one "$1" "$3"; bench_one "$2" "$4" --batched 5 --reps 6; }
+gpt_demo() {
+  local file=$1 limit=$2
+  shift 2
+  timeout "$limit" python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
+    --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster "$@" > "$OUTD/$file" 2>&1
+  stamp "demo --only-faster $* (timeout $limit s): exit $?, $(grep 'step speedup\|no attention backward' "$OUTD/$file")"
+}
 suite_with_memcheck() {
   local dir=${3:-$LOGS}
   timeout "$1" compute-sanitizer --tool memcheck python3 tools/sanitize_case.py > "$dir/memcheck.txt" 2>&1 &

@@ -15,9 +15,7 @@ source "$(dirname "$0")/call_header.sh" "$@"
 TORCH_SM90_SDPA_HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:-128} \
   TORCH_SM90_SDPA_DTYPES=${TORCH_SM90_SDPA_DTYPES:-bf16} use_prebuilt
 
-timeout 300 python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
-  --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster > "$OUTD/demo.txt" 2>&1
-stamp "demo --only-faster: exit $?, $(grep 'step speedup\|no attention backward' "$OUTD/demo.txt")"
+gpt_demo demo.txt 300
 
 timeout 240 python3 tools/compiled_step_kernels.py --wall-rounds 3 --wall-iters 10 --idle \
   > "$OUTD/kernels.txt" 2>&1

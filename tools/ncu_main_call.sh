@@ -43,7 +43,17 @@ for v, name in sorted(got, reverse=True)[:15]:
     print(f"  {name:32s} {v:14.0f}  {100 * v / total:5.1f}%")
 PY
   } > "$OUTD/ncu_${i}_top.txt" 2>&1
-  grep -E '"(Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|Issue Slots Busy|Registers Per Thread|Achieved Occupancy)"' \
-    "$OUTD/ncu_${i}_details.csv" | cut -c1-200 | sed "s/^/  [$i] /" | tee -a "$OUTD/summary.txt"
+  # the headline metrics: name, value, unit (a details row starts with the kernel's long name)
+  python3 - "$OUTD/ncu_${i}_details.csv" "$i" <<'PY' | tee -a "$OUTD/summary.txt"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = rows[0]
+name, unit, value = (head.index(c) for c in ("Metric Name", "Metric Unit", "Metric Value"))
+want = ("Duration", "Compute (SM) Throughput", "L1/TEX Cache Throughput", "L2 Cache Throughput",
+        "DRAM Throughput", "Issue Slots Busy", "Registers Per Thread", "Achieved Occupancy")
+for r in rows[1:]:
+    if len(r) > value and r[name] in want:
+        print(f"  [{sys.argv[2]}] {r[name]:26s} {r[value]:>10s} {r[unit]}")
+PY
 done
 cat "$OUTD/summary.txt"

@@ -23,9 +23,7 @@ python3 tools/speed_table.py benchmarks/results/*.json -o torch_sm90_sdpa/speed_
 stamp "speed table: exit $?"
 cp torch_sm90_sdpa/speed_table.py "$OUTD/"
 
-timeout 300 python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
-  --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster > "$OUTD/demo.txt" 2>&1
-stamp "demo --only-faster: exit $?, $(grep 'step speedup\|no attention backward' "$OUTD/demo.txt")"
+gpt_demo demo.txt 300
 
 timeout 150 python3 tools/public_path_probe.py --batched > "$OUTD/public_paths.txt" 2>&1
 stamp "public_path_probe --batched: exit $?"

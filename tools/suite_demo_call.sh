@@ -14,14 +14,9 @@ stamp "GPU suite: exit $?, $(tail -n 1 /tmp/suite.txt)"
 grep -E "FAILED|ERROR|XPASS" /tmp/suite.txt | head -n 40 > "$OUTD/suite_failures.txt"
 grep -c PASSED /tmp/suite.txt | sed 's/^/passed lines: /' >> "$OUTD/suite_failures.txt"
 sed -n '/= FAILURES =/,$p' /tmp/suite.txt | head -c 60000 > "$OUTD/suite_failure_details.txt"
-timeout 160 python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
-  --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster > "$OUTD/demo.txt" 2>&1
-stamp "demo --only-faster: exit $?, $(grep 'step speedup\|no attention backward' "$OUTD/demo.txt")"
-if [ -n "${DEMO2_ARGS:-}" ]; then
-  timeout 160 python3 -m torch_sm90_sdpa demo --layers 8 --dim 2048 --heads 16 --seq-len 8192 \
-    --batch 2 --steps 2 --timing-iters 10 --timing-rounds 3 --only-faster $DEMO2_ARGS > "$OUTD/demo2.txt" 2>&1
-  stamp "demo --only-faster $DEMO2_ARGS: exit $?, $(grep 'step speedup\|no attention backward' "$OUTD/demo2.txt")"
-fi
+gpt_demo demo.txt 160
+# shellcheck disable=SC2086
+[ -n "${DEMO2_ARGS:-}" ] && gpt_demo demo2.txt 160 $DEMO2_ARGS
 cat "$OUTD/suite_failures.txt"
 grep -E "replaced|kept stock|speed|step |routing_stats" "$OUTD/demo.txt" "$OUTD/demo2.txt" 2>/dev/null
 cat "$OUTD/summary.txt"

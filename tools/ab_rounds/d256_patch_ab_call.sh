@@ -42,7 +42,7 @@ for side in b a; do
   tree=$ROOT; [ "$side" = b ] && tree=$tree_b
   (cd "$tree" && PYTHONPATH="$tree/build/gpu_deps:$tree" timeout 100 python3 benchmarks/bench_bwd.py --dims "$dims" --no-gqa \
     > "$OUTD/bench_$side.txt" 2>&1)
-  stamp "bench d256 tree $side: exit $?, $(grep 'ours / cudnn' "$OUTD/bench_$side.txt" | tail -n 1)"
+  stamp "bench d$dims tree $side: exit $?, $(grep 'ours / cudnn' "$OUTD/bench_$side.txt" | tail -n 1)"
 done
 grep -E "^d(192|256)" "$OUTD/probe_a.txt" "$OUTD/probe_b.txt"
 grep -E "^d=(192|256)" "$OUTD/bench_a.txt" "$OUTD/bench_b.txt"
