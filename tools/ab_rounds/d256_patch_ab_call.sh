@@ -7,7 +7,9 @@
 # each tree: the default, persistent; compare tree a's side A with tree b's); memcheck in tree
 # b; then bench_bwd.py --dims 256 in tree b, then tree a (ours / cuDNN of each, synchronized).
 # AB_DIMS="192,256" builds and tests d192 too (tests -k "192 or 256"; probe and bench rows of
-# d192 at 2k and 8k keys, as bench_bwd's --extra: h10).
+# d192 at 2k and 8k keys, as bench_bwd's --extra: h10). Any other head dim in AB_DIMS takes the
+# FA grid's rows (AB_SEQS: the lengths, default 512 .. 16384). AB_TESTS_K / AB_TEST_FILES
+# replace the tests' -k expression / files.
 #   GIT_COMMIT=$(git rev-parse --short HEAD) PATCH=tools/ab_rounds/patches/X.patch \
 #     bash tools/ab_rounds/d256_patch_ab_call.sh "$OUT"   (carry .whl)
 # Runs: twenty-seventh session's call 2 at f2d0d4d with PATCH=.../d256-ndkv1.patch (atom_n_dkv
@@ -21,10 +23,18 @@ set -uo pipefail
 source "$(dirname "$0")/../call_header.sh" "$@"
 dims=${AB_DIMS:-256}
 rows=""
-for s in 512 1024 2048 4096 8192 16384; do rows="$rows,256:$((16384 / s)):8:$s:c,256:$((16384 / s)):8:$s"; done
-case ",$dims," in *,192,*) rows="$rows,192:8:10:2048:c,192:8:10:2048,192:2:10:8192:c,192:2:10:8192" ;; esac
-TORCH_SM90_SDPA_HEAD_DIMS=$dims TESTS_K="${dims//,/ or }" \
-  TESTS="-n 6 -q -p no:cacheprovider tests/test_cuda_backward.py tests/test_cuda_masks.py tests/test_cuda_deterministic.py" \
+for d in ${dims//,/ }; do
+  if [ "$d" = 192 ]; then
+    rows="$rows,192:8:10:2048:c,192:8:10:2048,192:2:10:8192:c,192:2:10:8192"
+    continue
+  fi
+  # the FA grid's rows of the head dim (b = 16384 / s, h = 2048 / d); AB_SEQS narrows them
+  for s in ${AB_SEQS:-512 1024 2048 4096 8192 16384}; do
+    rows="$rows,$d:$((16384 / s)):$((2048 / d)):$s:c,$d:$((16384 / s)):$((2048 / d)):$s"
+  done
+done
+TORCH_SM90_SDPA_HEAD_DIMS=$dims TESTS_K="${AB_TESTS_K:-${dims//,/ or }}" \
+  TESTS="-n 6 -q -p no:cacheprovider ${AB_TEST_FILES:-tests/test_cuda_backward.py tests/test_cuda_masks.py tests/test_cuda_deterministic.py}" \
   bash tools/ab_session.sh /tmp/abndkv "${PATCH:?PATCH=tools/ab_rounds/patches/X.patch}" 2 -- \
   python3 tools/env_ab_probe.py --env TORCH_SM90_SDPA_PERSISTENT --b-value 0 --rounds 2 --rows "${rows#,}" \
   > "$OUTD/ab_session.txt" 2>&1
@@ -44,6 +54,6 @@ for side in b a; do
     > "$OUTD/bench_$side.txt" 2>&1)
   stamp "bench d$dims tree $side: exit $?, $(grep 'ours / cudnn' "$OUTD/bench_$side.txt" | tail -n 1)"
 done
-grep -E "^d(192|256)" "$OUTD/probe_a.txt" "$OUTD/probe_b.txt"
-grep -E "^d=(192|256)" "$OUTD/bench_a.txt" "$OUTD/bench_b.txt"
+grep -E "^d[0-9]" "$OUTD/probe_a.txt" "$OUTD/probe_b.txt"
+grep -E "^d=" "$OUTD/bench_a.txt" "$OUTD/bench_b.txt"
 cat "$OUTD/summary.txt"
