@@ -10,6 +10,12 @@
 #                   (it builds only when the sources' hash differs; TORCH_SM90_SDPA_HEAD_DIMS /
 #                   _DTYPES pick what it would build), its result stamped, then PYTHONPATH set
 #   use_deps        PYTHONPATH to build/gpu_deps (the carried wheels) and ROOT
+#   unpack_carry_gz build/carry_gz (a call's prebuilt/ as it came back: the .so gzipped, carried
+#                   where 64 MiB leave no room for it unzipped) into build/carry; returns 2
+#                   when none was carried
+#   install_fa4     tools/fa4_install.sh (FlashAttention-4 from build/fa4, tools/fetch_fa4.sh's
+#                   two carries) into OUTD/fa4_install.txt, stamped; sets FA4_PATH, the folders
+#                   to put on PYTHONPATH for flash_attn.cute
 #   suite_with_memcheck MEMCHECK_S SUITE_S [DIR]
 #                   the GPU suite (pytest -n 8, DIR/suite.txt) with compute-sanitizer memcheck
 #                   on tools/sanitize_case.py beside it (DIR/memcheck.txt), each under its
@@ -37,6 +43,19 @@ use_prebuilt() {
   PREBUILT=1 tools/gpu_check.sh /tmp/chk tests/test_build.py -k build_info > "$OUTD/check.txt" 2>&1
   stamp "check (PREBUILT=1): exit $?, $(grep -m1 '^result' /tmp/chk/summary.txt 2>/dev/null); $(grep -m1 'PREBUILT\|building' "$OUTD/check.txt")"
   use_deps
+}
+unpack_carry_gz() {
+  local gz
+  gz=$(ls build/carry_gz/_C*.so.gz 2> /dev/null | head -n 1)
+  [ -n "$gz" ] || { stamp "no build/carry_gz/_C*.so.gz carried"; return 2; }
+  mkdir -p build/carry
+  gunzip -c "$gz" > "build/carry/$(basename "$gz" .gz)"
+  cp build/carry_gz/_build_config.py build/carry_gz/prebuilt_sources.sha1 build/carry/
+}
+install_fa4() {
+  bash tools/fa4_install.sh > "$OUTD/fa4_install.txt" 2>&1
+  stamp "fa4_install: exit $?"
+  FA4_PATH=$ROOT/build/fa4_deps/nvidia_cutlass_dsl/dsl_packages:$ROOT/build/fa4_deps
 }
 build_all() {
   LOGS=$1

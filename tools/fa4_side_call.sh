@@ -10,18 +10,12 @@
 # OUTDIR gets summary.txt, check.txt, fa4_install.txt, fa4.txt and fa4.json.
 set -uo pipefail
 source "$(dirname "$0")/call_header.sh" "$@"
-gz=$(ls build/carry_gz/_C*.so.gz 2> /dev/null | head -n 1)
-[ -n "$gz" ] || { stamp "no build/carry_gz/_C*.so.gz carried"; exit 2; }
-mkdir -p build/carry
-gunzip -c "$gz" > "build/carry/$(basename "$gz" .gz)"
-cp build/carry_gz/_build_config.py build/carry_gz/prebuilt_sources.sha1 build/carry/
+unpack_carry_gz || exit 2
 use_prebuilt
-bash tools/fa4_install.sh > "$OUTD/fa4_install.txt" 2>&1
-stamp "fa4_install: exit $?"
-D=$ROOT/build/fa4_deps
+install_fa4
 args=${FA4_ARGS:---dims 64,128 --seqs 2048,8192,16384 --no-gqa}
 # shellcheck disable=SC2086
-PYTHONPATH="$D/nvidia_cutlass_dsl/dsl_packages:$D:$PYTHONPATH" timeout "${FA4_S:-400}" \
+PYTHONPATH="$FA4_PATH:$PYTHONPATH" timeout "${FA4_S:-400}" \
   python3 benchmarks/bench_bwd.py --fa4 $args --json "$OUTD/fa4.json" > "$OUTD/fa4.txt" 2>&1
 stamp "bench_bwd --fa4 $args: exit $?, $(grep -E 'ours / (cudnn|fa4):' "$OUTD/fa4.txt" | tr '\n' ';')"
 grep -E "^d=|^GQA|geometric" "$OUTD/fa4.txt"

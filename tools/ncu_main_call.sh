@@ -26,34 +26,8 @@ for args in "${cases[@]}"; do
   ncu --import "$rep.ncu-rep" --page source --csv --print-source sass > "/tmp/ncu_${i}_source.csv" 2>&1
   ncu --import "$rep.ncu-rep" --page raw --csv > "/tmp/ncu_${i}_raw.csv" 2>&1
   { echo "case: $args"; python3 tools/ncu_top_instructions.py "/tmp/ncu_${i}_source.csv" --top 25
-    echo "warp stall samples by reason (ncu raw page, smsp__pcsamp_warps_issue_stalled_*):"
-    python3 - "/tmp/ncu_${i}_raw.csv" <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
-head, vals = rows[0], rows[-1]  # one kernel: the header row, (units row,) its values
-got = []
-for name, val in zip(head, vals):
-    if name.startswith("smsp__pcsamp_warps_issue_stalled_") and not name.endswith("_not_issued"):
-        try:
-            got.append((float(val.replace(",", "")), name[len("smsp__pcsamp_warps_issue_stalled_"):]))
-        except ValueError:
-            pass
-total = sum(v for v, _ in got) or 1.0
-for v, name in sorted(got, reverse=True)[:15]:
-    print(f"  {name:32s} {v:14.0f}  {100 * v / total:5.1f}%")
-PY
+    python3 tools/ncu_summary.py raw "/tmp/ncu_${i}_raw.csv"
   } > "$OUTD/ncu_${i}_top.txt" 2>&1
-  # the headline metrics: name, value, unit (a details row starts with the kernel's long name)
-  python3 - "$OUTD/ncu_${i}_details.csv" "$i" <<'PY' | tee -a "$OUTD/summary.txt"
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-head = rows[0]
-name, unit, value = (head.index(c) for c in ("Metric Name", "Metric Unit", "Metric Value"))
-want = ("Duration", "Compute (SM) Throughput", "L1/TEX Cache Throughput", "L2 Cache Throughput",
-        "DRAM Throughput", "Issue Slots Busy", "Registers Per Thread", "Achieved Occupancy")
-for r in rows[1:]:
-    if len(r) > value and r[name] in want:
-        print(f"  [{sys.argv[2]}] {r[name]:26s} {r[value]:>10s} {r[unit]}")
-PY
+  python3 tools/ncu_summary.py details "$OUTD/ncu_${i}_details.csv" "$i" | tee -a "$OUTD/summary.txt"
 done
 cat "$OUTD/summary.txt"
