@@ -19,7 +19,7 @@ IFS=';' read -r -a cases <<< "${NCU_PEER_CASES:---d 64 --b 2 --h 32 --s 8192;--d
 i=0
 for args in "${cases[@]}"; do
   i=$((i + 1))
-  for impl in ours fa4; do
+  for impl in ${NCU_PEER_IMPLS:-ours fa4}; do
     tag=${i}_$impl
     rep=/tmp/ncu_$tag
     # shellcheck disable=SC2086
@@ -27,13 +27,13 @@ for args in "${cases[@]}"; do
       --profile-from-start off -f -o "$rep" python3 tools/ncu_peer_case.py --impl "$impl" $args \
       > "/tmp/ncu_$tag.log" 2>&1
     stamp "ncu $impl [$args]: exit $?, $(grep -m1 -E 'ncu_peer_case:|Error|error' "/tmp/ncu_$tag.log")"
-    ncu --import "$rep.ncu-rep" --page details --csv > "$OUTD/ncu_${tag}_details.csv" 2>&1
+    ncu --import "$rep.ncu-rep" --page details --csv > "/tmp/ncu_${tag}_details.csv" 2>&1
     ncu --import "$rep.ncu-rep" --page source --csv --print-source sass > "/tmp/ncu_${tag}_source.csv" 2>&1
     ncu --import "$rep.ncu-rep" --page raw --csv > "/tmp/ncu_${tag}_raw.csv" 2>&1
     { echo "case: $impl $args"; python3 tools/ncu_top_instructions.py "/tmp/ncu_${tag}_source.csv" --top 30 --opcodes
       python3 tools/ncu_summary.py raw "/tmp/ncu_${tag}_raw.csv"
     } > "$OUTD/ncu_${tag}_top.txt" 2>&1
-    python3 tools/ncu_summary.py details "$OUTD/ncu_${tag}_details.csv" "$tag" | tee -a "$OUTD/summary.txt"
+    python3 tools/ncu_summary.py details "/tmp/ncu_${tag}_details.csv" "$tag" | tee -a "$OUTD/summary.txt"
   done
 done
 tail -n 5 "/tmp/ncu_1_fa4.log"

@@ -23,6 +23,7 @@ def main():
     ap.add_argument("--s", type=int, required=True)
     ap.add_argument("--causal", action="store_true")
     a = ap.parse_args()
+    sys.argv = sys.argv[:1]  # the CuTe DSL parses sys.argv on import: "--d" would abbreviate its "--diagnostic"
     q, k, v, dout = bench_bwd.make(a.b, a.h, a.h, a.s, a.d, torch.bfloat16)
     backend = bench_bwd.backend_ours if a.impl == "ours" else bench_bwd.backend_fa4
     run = backend(q, k, v, dout, a.causal, a.d ** -0.5)
