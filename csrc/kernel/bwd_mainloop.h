@@ -198,6 +198,15 @@ struct BwdMainloop {
   // dq_accum receives the same order and the postprocess reads it back.
   static constexpr int kdQColsPerWG = kdQCols / (kNumMmaWG / kAtomLayoutMdQ);
   static constexpr bool kdQStagePermuted = dq_accum_permuted_for(kHeadDim);
+  // The steps' per-thread shared-memory partitions (lse / dpsum, P / dS stores, dQ staging)
+  // kept across the m-loop as one int each instead of partitioned from the thread index per
+  // use (mma()). At d64 that index math was ~100 of 680 instructions per warp and step (SASS;
+  // ncu: 1.59e9 instructions against FlashAttention-4's 1.39e9 for d64 full 8k, its kernel
+  // 11% faster); hoisted, 579, and the main kernel 2.2-8.3% faster on the FA grid's d64 rows.
+  // At d128 it took 473 -> 414 (default tile) and 553 -> 535 (full tile) instructions but the
+  // main kernel 0.2-4.1% slower (A/B, thirty-first session): d64 only (d96 / d192 / d256 not
+  // measured).
+  static constexpr bool kHoistThreadPartitions = kHeadDim == 64;
   // Swapped dQ (dQ^T in registers) stores single floats down the columns of the (q, d) tile:
   // the 128-byte swizzle puts a warp's 4 rows x 8 columns on 32 distinct banks (the rows are
   // even and XOR distinct 16-byte chunks), so it keeps the selector's swizzle.
@@ -732,6 +741,101 @@ struct BwdMainloop {
     auto thr_dKV = tiled_mma_dKV.get_thread_slice(wg_thread0);
     auto thr_dQ = tiled_mma_dQ.get_thread_slice(wg_thread0);
 
+    auto smem_tiled_copy_PdS = make_tiled_copy_C(SmemCopyAtomPdS{}, tiled_mma_SdP);
+
+    // The steps' per-thread shared-memory partitions: the lse / dpsum values, the P / dS
+    // stores, the dQ staging. kHoistThreadPartitions: each kept across the m-loop as one int
+    // (smem_partition_offset, utils.h) and rebuilt where used; else partitioned from the
+    // thread index where used.
+    // lse / dpsum of one stage in the S / dP accumulator's layout (one offset for both:
+    // SmemLayoutRowStatMma differs only in the stage count).
+    using RowStatLayout = decltype(tiled_mma_SdP.get_thread_slice(0).partition_C(sLSEMma)(_, _, _, 0).layout());
+    int const row_stat_offset = [&] {
+      if constexpr (kHoistThreadPartitions) {
+        return smem_partition_offset(tiled_mma_SdP.get_thread_slice(sdp_thread()).partition_C(sLSEMma), sLSEMma.data());
+      } else {
+        return 0;
+      }
+    }();
+    auto lse_fragment = [&](int stage) {
+      if constexpr (kHoistThreadPartitions) {
+        return rebuild_smem_partition<RowStatLayout>(
+            make_smem_ptr(st.smem_lse.data() + stage * kRowStatStageStride), row_stat_offset);
+      } else {
+        return tiled_mma_SdP.get_thread_slice(sdp_thread()).partition_C(sLSEMma)(_, _, _, stage);
+      }
+    };
+    auto dpsum_fragment = [&](int stage) {
+      if constexpr (kHoistThreadPartitions) {
+        return rebuild_smem_partition<RowStatLayout>(
+            make_smem_ptr(st.smem_dpsum.data() + stage * kRowStatStageStride), row_stat_offset);
+      } else {
+        return tiled_mma_SdP.get_thread_slice(sdp_thread()).partition_C(sdPsumMma)(_, _, _, stage);
+      }
+    };
+    // The P / dS tile (.., stage) as stmatrix stores it (store_pds_gemm_dv; one offset for P and
+    // dS: one layout); smem: smem_p or smem_ds.
+    auto pds_tile = [&](Element* smem) {
+      return cute::conditional_return<!kSdPSwapAB>(
+          as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayoutPdS{})),
+          as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayoutPdSt{})));
+    };
+    using PdSStoreLayout = decltype(smem_tiled_copy_PdS.get_thread_slice(0).partition_D(pds_tile(st.smem_ds.data())).layout());
+    int const pds_store_offset = [&] {
+      if constexpr (kHoistThreadPartitions) {
+        return smem_partition_offset(smem_tiled_copy_PdS.get_thread_slice(sdp_thread()).partition_D(pds_tile(st.smem_ds.data())),
+                                     pds_tile(st.smem_ds.data()).data());
+      } else {
+        return 0;
+      }
+    }();
+    auto pds_store_partition = [&](Element* smem) {
+      if constexpr (kHoistThreadPartitions) {
+        return rebuild_smem_partition<PdSStoreLayout>(pds_tile(smem).data(), pds_store_offset);
+      } else {
+        return smem_tiled_copy_PdS.get_thread_slice(sdp_thread()).partition_D(pds_tile(smem));
+      }
+    };
+    // The dQ staging tile as the dQ accumulator's fragment stores it (hand_dq_to_writer; dQ^T
+    // through the tile's transposed view when swapped). Its layout keeps strides that are not
+    // static in d128's full tile (dQ^T): partitioned where used there.
+    auto dq_stage_tile = [&] {
+      Tensor sdQ_pi = as_position_independent_swizzle_tensor(sdQ);
+      if constexpr (kdQSwapAB) {
+        return make_tensor(sdQ_pi.data(), composition(sdQ_pi.layout(), make_layout(ShapedQAcc{}, LayoutRight{})));
+      } else {
+        return sdQ_pi;
+      }
+    };
+    using dQStageLayout = decltype(tiled_mma_dQ.get_thread_slice(0).partition_C(dq_stage_tile()).layout());
+    constexpr bool kdQStageRebuilt = kHoistThreadPartitions && !kdQStagePermuted && is_static<dQStageLayout>::value;
+    int const dq_stage_offset = [&] {
+      if constexpr (kdQStageRebuilt) {
+        return smem_partition_offset(tiled_mma_dQ.get_thread_slice(thread_idx).partition_C(dq_stage_tile()),
+                                     dq_stage_tile().data());
+      } else {
+        return 0;
+      }
+    }();
+    // (permuted dQ staging, hand_dq_to_writer) the thread's address of segment 0, whose
+    // column is (c0 & ~31) + 8 * (r0 & 3) + (c0 & 7). Segment s's column differs from it in
+    // bits 3-4 only (s ^ (r0 & 3) for r0 & 3), and the 128-byte swizzle moves bytes by the row
+    // bits (7-9) into bits 4-6: flipping bits 5-6 of the address flips them in the swizzled
+    // address too (the tile is 1024-byte aligned), so segment s's address is
+    // dq_seg0_addr ^ (s << 5).
+    uint32_t const dq_seg0_addr = [&] {
+      if constexpr (kHoistThreadPartitions && kdQStagePermuted) {
+        static_assert(std::is_same_v<SmemAtomdQ, GMMA::Layout_K_SW128_Atom<ElementAccum>> && sizeof(ElementAccum) == 4,
+                      "the XOR above is the 128-byte swizzle's, on 4-byte values");
+        Tensor tdQcdQ = tiled_mma_dQ.get_thread_slice(thread_idx).partition_C(make_identity_tensor(ShapedQ{}));
+        int const r0 = get<0>(tdQcdQ(0)), c0 = get<1>(tdQcdQ(0));
+        Tensor sdQ_pi = as_position_independent_swizzle_tensor(sdQ);
+        return cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdQ_pi(r0, (c0 & ~31) + 8 * (r0 & 3) + (c0 & 7))));
+      } else {
+        return 0u;
+      }
+    }();
+
     // Operand descriptors.
     Tensor tSrQ = mma_smem_fragment<!kSdPSwapAB>(thr_SdP, sQ);    // (.., stage)
     Tensor tdPrdO = mma_smem_fragment<!kSdPSwapAB>(thr_SdP, sdO); // (.., stage)
@@ -739,7 +843,6 @@ struct BwdMainloop {
     Tensor tdKrQ = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sQt);   // (.., stage)
     Tensor tdQrdS = mma_smem_fragment<!kdQSwapAB>(thr_dQ, sdS);   // (.., dS stage)
 
-    auto smem_tiled_copy_PdS = make_tiled_copy_C(SmemCopyAtomPdS{}, tiled_mma_SdP);
 
     // Let the MMA warps take the first turn on the dQ staging tile.
     if (thread_idx < cutlass::NumThreadsPerWarp) {
@@ -807,7 +910,7 @@ struct BwdMainloop {
       warpgroup_wait<kSdPByWG ? 0 : 1>();  // (by warpgroup: S is this warpgroup's only batch)
       warpgroup_fence_operand(tSrS);
       auto thr = tiled_mma_SdP.get_thread_slice(sdp_thread());
-      Tensor tLSE = thr.partition_C(sLSEMma)(_, _, _, stage_q);
+      Tensor tLSE = lse_fragment(stage_q);
       if constexpr (kMode == kMaskNone) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) { tSrS(i) = exp2_ftz(tSrS(i) * scale_log2 - tLSE(i)); }
@@ -883,8 +986,7 @@ struct BwdMainloop {
     auto softmax_grad = [&](auto const& tSrP, auto& tdPrdP, int stage_do) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdPrdP);
-      auto thr = tiled_mma_SdP.get_thread_slice(sdp_thread());
-      Tensor tdPsum = thr.partition_C(sdPsumMma)(_, _, _, stage_do);
+      Tensor tdPsum = dpsum_fragment(stage_do);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tdPrdP); ++i) { tdPrdP(i) = tSrP(i) * (tdPrdP(i) - tdPsum(i)); }
     };
@@ -893,17 +995,14 @@ struct BwdMainloop {
     // dS is visible in smem to every MMA warpgroup (dQ and, SS, dK read it there).
     auto store_pds_gemm_dv = [&](auto& rP, auto& rdS, int stage_do, int stage_ds) {
       auto smem_thr_copy_PdS = smem_tiled_copy_PdS.get_thread_slice(sdp_thread());
-      Tensor tdSsdS = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(
-          as_position_independent_swizzle_tensor(sdS), as_position_independent_swizzle_tensor(sdSt)));
+      Tensor tdSsdS = pds_store_partition(st.smem_ds.data());
       if constexpr (kStagesdS == 1) {
         // every warpgroup is done reading the previous P / dS
         named_sync(kNumMmaThreads, BwdBarrier::kPdS);
       }
       if constexpr (!kMmadKVIsRS) {
-        Tensor sP = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdS{});
         Tensor sPt = make_tensor(make_smem_ptr(st.smem_p.data()), SmemLayoutPdSt{});
-        Tensor tPsP = smem_thr_copy_PdS.partition_D(cute::conditional_return<!kSdPSwapAB>(
-            as_position_independent_swizzle_tensor(sP), as_position_independent_swizzle_tensor(sPt)));
+        Tensor tPsP = pds_store_partition(st.smem_p.data());
         cute::copy(smem_tiled_copy_PdS, smem_thr_copy_PdS.retile_S(rP), tPsP(_, _, _, stage_ds));
         cutlass::arch::fence_view_async_shared();
         named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // P visible to every warpgroup
@@ -950,8 +1049,7 @@ struct BwdMainloop {
           auto load_thr_P = load_copy_P.get_thread_slice(sdp_thread());
           Tensor tPsP = load_thr_P.partition_S(as_position_independent_swizzle_tensor(sP));
           cute::copy(load_copy_P, tPsP(_, _, _, stage_ds), load_thr_P.retile_D(rP));
-          auto thr = tiled_mma_SdP.get_thread_slice(sdp_thread());
-          Tensor tdPsum = thr.partition_C(sdPsumMma)(_, _, _, stage_do);
+          Tensor tdPsum = dpsum_fragment(stage_do);
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < size(acc); ++i) { acc(i) = float(rP(i)) * (acc(i) - tdPsum(i)); }
           Tensor rdS = make_tensor_like<Element>(acc);
@@ -996,9 +1094,7 @@ struct BwdMainloop {
 
     // A finished dQ slice to the staging tile, for the dQ-writer warp's TMA reduce-add.
     auto hand_dq_to_writer = [&](auto const& tdQrdQ) {
-      auto thr = tiled_mma_dQ.get_thread_slice(launder_int(thread_idx));
-      // position-independent swizzle: keeps the address in the shared space (STS, not ST.E)
-      Tensor sdQ_pi = as_position_independent_swizzle_tensor(sdQ);
+      // (position-independent swizzle: keeps the address in the shared space, STS, not ST.E)
       if constexpr (kdQStagePermuted) {
         // wgmma's C fragment: value i of thread t sits at (row, column) = t's first value's
         // + thread 0's value i; the offsets are multiples of 8 rows and of 8 columns (values
@@ -1007,15 +1103,22 @@ struct BwdMainloop {
         // permutation) are the thread's, the 8-column segment within 32 columns is the
         // value's: four addresses per thread, one per segment, and whole 8 x 32 swizzle atoms
         // (1 KB, which the swizzle leaves alone) added as immediates.
-        Tensor tdQcdQ = thr.partition_C(make_identity_tensor(ShapedQ{}));
         Tensor tdQcdQ0 = tiled_mma_dQ.get_thread_slice(0).partition_C(make_identity_tensor(ShapedQ{}));
-        static_assert(size(decltype(tdQcdQ){}) % 2 == 0);
-        int const r0 = get<0>(tdQcdQ(0)), c0 = get<1>(tdQcdQ(0));
-        uint32_t seg_addr[4];
-        CUTLASS_PRAGMA_UNROLL
-        for (int seg = 0; seg < 4; ++seg) {
-          int const c = (c0 & ~31) + 8 * (seg ^ (r0 & 3)) + (c0 & 7);
-          seg_addr[seg] = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdQ_pi(r0, c)));
+        static_assert(size(decltype(tdQcdQ0){}) % 2 == 0);
+        uint32_t seg_addr[4];  // segment seg: column (c0 & ~31) + 8 * (seg ^ (r0 & 3)) + (c0 & 7)
+        if constexpr (kHoistThreadPartitions) {
+          uint32_t const seg0_addr = uint32_t(launder_int(int(dq_seg0_addr)));
+          CUTLASS_PRAGMA_UNROLL
+          for (int seg = 0; seg < 4; ++seg) { seg_addr[seg] = seg0_addr ^ (uint32_t(seg) << 5); }
+        } else {
+          Tensor tdQcdQ = tiled_mma_dQ.get_thread_slice(launder_int(thread_idx)).partition_C(make_identity_tensor(ShapedQ{}));
+          int const r0 = get<0>(tdQcdQ(0)), c0 = get<1>(tdQcdQ(0));
+          Tensor sdQ_pi = as_position_independent_swizzle_tensor(sdQ);
+          CUTLASS_PRAGMA_UNROLL
+          for (int seg = 0; seg < 4; ++seg) {
+            int const c = (c0 & ~31) + 8 * (seg ^ (r0 & 3)) + (c0 & 7);
+            seg_addr[seg] = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdQ_pi(r0, c)));
+          }
         }
         auto natural = get_nonswizzle_portion(SmemLayoutdQ{});
         named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
@@ -1026,14 +1129,15 @@ struct BwdMainloop {
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(tdQrdQ(i)), "f"(tdQrdQ(i + 1))
                        : "memory");
         }
-      } else if constexpr (kdQSwapAB) {
-        // dQ^T's fragment into the (q, d) tile through its transposed view: single floats
-        Tensor sdQt = make_tensor(sdQ_pi.data(), composition(sdQ_pi.layout(), make_layout(ShapedQAcc{}, LayoutRight{})));
-        Tensor tdQsdQ = thr.partition_C(sdQt);
-        named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
-        cute::copy(tdQrdQ, tdQsdQ);
       } else {
-        Tensor tdQsdQ = thr.partition_C(sdQ_pi);
+        // (swapped: dQ^T's fragment into the (q, d) tile through its transposed view, single floats)
+        Tensor tdQsdQ = [&] {
+          if constexpr (kdQStageRebuilt) {
+            return rebuild_smem_partition<dQStageLayout>(dq_stage_tile().data(), dq_stage_offset);
+          } else {
+            return tiled_mma_dQ.get_thread_slice(launder_int(thread_idx)).partition_C(dq_stage_tile());
+          }
+        }();
         named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
         cute::copy(tdQrdQ, tdQsdQ);
       }
