@@ -7,8 +7,11 @@
 # two device calls on one warm machine, as tools/fa4_side_call.sh (carry build/fa4/part2, .whl
 # and build/carry_gz; the first call carries build/fa4/part1 and runs `true`):
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/ncu_peer_call.sh "$OUT"
-# OUTDIR gets summary.txt (headlines) and per case i and implementation: ncu_<i>_<impl>_details.csv,
-# ncu_<i>_<impl>_top.txt.
+# (In the thirty-first session call 1's build was still on the machine: the call gzipped it into
+# build/carry_gz there first.) NCU_PEER_IMPLS (default "ours fa4") picks the sides.
+# OUTDIR gets summary.txt (every kernel's headline figures) and per case i and implementation
+# ncu_<i>_<impl>_top.txt (instruction mix, top instructions, stalls, pipes); the details pages
+# stay in /tmp/ncu_<i>_<impl>_details.csv (a call brings back at most 8 files).
 set -uo pipefail
 source "$(dirname "$0")/call_header.sh" "$@"
 unpack_carry_gz || exit 2
