@@ -1,5 +1,6 @@
 """The benchmarks' pure parts on CPU: the rows benchmarks/bench_bwd.py plans beyond the grid,
-its ratios and geometric means, and which of its rows tools/speed_table.py takes for the gate."""
+its ratios and geometric means, which of its rows tools/speed_table.py takes for the gate, and
+the readers of Nsight Compute's pages (tools/ncu_top_instructions.py, tools/ncu_summary.py)."""
 import importlib.util
 import json
 import math
@@ -315,3 +316,52 @@ def test_section_probe_model_and_rule():
     assert probe.l2_section_heads(128, 8192, 32, 50 << 20) == 3 and probe.pow2_floor(3) == 2
     assert probe.l2_section_heads(128, 512, 8, 50 << 20) == 8  # no more than the heads
     assert [probe.pow2_floor(x) for x in (1, 2, 7, 8, 25)] == [1, 2, 4, 8, 16]
+
+
+ncu_top = _load("ncu_top_instructions_under_test", "tools/ncu_top_instructions.py")
+ncu_summary = _load("ncu_summary_under_test", "tools/ncu_summary.py")
+
+
+def _write_csv(path, rows):
+    import csv
+    with open(path, "w", newline="") as f:
+        csv.writer(f, quoting=csv.QUOTE_ALL).writerows(rows)
+    return str(path)
+
+
+def test_ncu_opcode_mix_reads_the_kernel_that_executed_most(tmp_path, capsys, monkeypatch):
+    # a source page of two kernels (a preprocess, then the main kernel): the mix is the main one's,
+    # summed by opcode, predicates and operands dropped
+    head = ["Address", "Source", "Instructions Executed", "Warp Stall Sampling (All Samples)"]
+    page = [head, ["0", "LDG.E R0, [R2.64] ;", "10", "1"],
+            head, ["0", "HGMMA.64x128x16.F32.BF16 R88, gdesc[UR16], RZ ;", "400", "9"],
+            ["10", "@P0 LDS.64 R4, [R2] ;", "300", "5"], ["20", "LDS.64 R6, [R2+0x8] ;", "100", "2"]]
+    path = _write_csv(tmp_path / "source.csv", page)
+    monkeypatch.setattr(sys, "argv", ["ncu_top_instructions.py", path, "--opcodes", "--top", "2"])
+    assert ncu_top.main() == 0
+    out = capsys.readouterr().out
+    assert "2 kernel(s) on the page" in out and "LDG" not in out
+    mix = out.split("by opcode")[1].split("==")[0]
+    assert "400  50.0%  HGMMA.64x128x16.F32.BF16" in mix and "400  50.0%  LDS.64" in mix
+
+
+def test_ncu_summary_headlines_and_stalls(tmp_path, capsys):
+    head = ["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+    details = [head, ["0", "pre_kernel", "SOL", "Duration", "us", "70.1"],
+               ["0", "pre_kernel", "SOL", "DRAM Frequency", "GHz", "3.2"],
+               ["1", "main_kernel", "SOL", "Duration", "ms", "4.59"],
+               ["1", "main_kernel", "Launch", "Grid Size", "", "4,096"]]
+    ncu_summary.details(_write_csv(tmp_path / "details.csv", details), "1_fa4")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("kernel 1: pre_kernel") and out[2].endswith("kernel 2: main_kernel")
+    assert [ln.split()[1] for ln in out if "]" in ln and "kernel" not in ln] == ["Duration", "Duration", "Grid"]
+    assert not any("Frequency" in ln for ln in out)  # only the headline metrics
+    stall = "smsp__pcsamp_warps_issue_stalled_"
+    raw = [["ID", "gpu__time_duration.sum", stall + "barrier", stall + "barrier_not_issued", stall + "wait",
+            "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"],
+           ["", "ns", "", "", "", "%"],  # the units row
+           ["0", "70000", "900", "5", "100", "0"], ["1", "4590000", "30", "7", "10", "63.6"]]
+    ncu_summary.raw(_write_csv(tmp_path / "raw.csv", raw))
+    out = capsys.readouterr().out
+    assert "barrier" in out and "75.0%" in out and "25.0%" in out  # the longest kernel's 30 / 10
+    assert "_not_issued" not in out and "63.6%" in out
