@@ -39,4 +39,3 @@ for args in "${cases[@]}"; do
     python3 tools/ncu_summary.py details "/tmp/ncu_${tag}_details.csv" "$tag" | tee -a "$OUTD/summary.txt"
   done
 done
-tail -n 5 "/tmp/ncu_1_fa4.log"
