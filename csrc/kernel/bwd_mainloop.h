@@ -757,20 +757,13 @@ struct BwdMainloop {
         return 0;
       }
     }();
-    auto lse_fragment = [&](int stage) {
+    // sRowStatMma: sLSEMma or sdPsumMma.
+    auto row_stat_fragment = [&](auto const& sRowStatMma, int stage) {
       if constexpr (kHoistThreadPartitions) {
-        return rebuild_smem_partition<RowStatLayout>(
-            make_smem_ptr(st.smem_lse.data() + stage * kRowStatStageStride), row_stat_offset);
+        return rebuild_smem_partition<RowStatLayout>(sRowStatMma.data() + stage * kRowStatStageStride,
+                                                     row_stat_offset);
       } else {
-        return tiled_mma_SdP.get_thread_slice(sdp_thread()).partition_C(sLSEMma)(_, _, _, stage);
-      }
-    };
-    auto dpsum_fragment = [&](int stage) {
-      if constexpr (kHoistThreadPartitions) {
-        return rebuild_smem_partition<RowStatLayout>(
-            make_smem_ptr(st.smem_dpsum.data() + stage * kRowStatStageStride), row_stat_offset);
-      } else {
-        return tiled_mma_SdP.get_thread_slice(sdp_thread()).partition_C(sdPsumMma)(_, _, _, stage);
+        return tiled_mma_SdP.get_thread_slice(sdp_thread()).partition_C(sRowStatMma)(_, _, _, stage);
       }
     };
     // The P / dS tile (.., stage) as stmatrix stores it (store_pds_gemm_dv; one offset for P and
@@ -843,7 +836,6 @@ struct BwdMainloop {
     Tensor tdKrQ = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sQt);   // (.., stage)
     Tensor tdQrdS = mma_smem_fragment<!kdQSwapAB>(thr_dQ, sdS);   // (.., dS stage)
 
-
     // Let the MMA warps take the first turn on the dQ staging tile.
     if (thread_idx < cutlass::NumThreadsPerWarp) {
       named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
@@ -910,7 +902,7 @@ struct BwdMainloop {
       warpgroup_wait<kSdPByWG ? 0 : 1>();  // (by warpgroup: S is this warpgroup's only batch)
       warpgroup_fence_operand(tSrS);
       auto thr = tiled_mma_SdP.get_thread_slice(sdp_thread());
-      Tensor tLSE = lse_fragment(stage_q);
+      Tensor tLSE = row_stat_fragment(sLSEMma, stage_q);
       if constexpr (kMode == kMaskNone) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) { tSrS(i) = exp2_ftz(tSrS(i) * scale_log2 - tLSE(i)); }
@@ -986,7 +978,7 @@ struct BwdMainloop {
     auto softmax_grad = [&](auto const& tSrP, auto& tdPrdP, int stage_do) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdPrdP);
-      Tensor tdPsum = dpsum_fragment(stage_do);
+      Tensor tdPsum = row_stat_fragment(sdPsumMma, stage_do);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tdPrdP); ++i) { tdPrdP(i) = tSrP(i) * (tdPrdP(i) - tdPsum(i)); }
     };
@@ -1049,7 +1041,7 @@ struct BwdMainloop {
           auto load_thr_P = load_copy_P.get_thread_slice(sdp_thread());
           Tensor tPsP = load_thr_P.partition_S(as_position_independent_swizzle_tensor(sP));
           cute::copy(load_copy_P, tPsP(_, _, _, stage_ds), load_thr_P.retile_D(rP));
-          Tensor tdPsum = dpsum_fragment(stage_do);
+          Tensor tdPsum = row_stat_fragment(sdPsumMma, stage_do);
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < size(acc); ++i) { acc(i) = float(rP(i)) * (acc(i) - tdPsum(i)); }
           Tensor rdS = make_tensor_like<Element>(acc);
