@@ -790,8 +790,9 @@ struct BwdMainloop {
       }
     };
     // The dQ staging tile as the dQ accumulator's fragment stores it (hand_dq_to_writer; dQ^T
-    // through the tile's transposed view when swapped). Its layout keeps strides that are not
-    // static in d128's full tile (dQ^T): partitioned where used there.
+    // through the tile's transposed view when swapped). Partitioned where used: the hoisted
+    // head dim (d64) stages dQ permuted (dq_seg0_addr below), and keeping this partition across
+    // the loop at d128 measured level (thirty-second session, KERNEL.md).
     auto dq_stage_tile = [&] {
       Tensor sdQ_pi = as_position_independent_swizzle_tensor(sdQ);
       if constexpr (kdQSwapAB) {
@@ -800,16 +801,6 @@ struct BwdMainloop {
         return sdQ_pi;
       }
     };
-    using dQStageLayout = decltype(tiled_mma_dQ.get_thread_slice(0).partition_C(dq_stage_tile()).layout());
-    constexpr bool kdQStageRebuilt = kHoistThreadPartitions && !kdQStagePermuted && is_static<dQStageLayout>::value;
-    int const dq_stage_offset = [&] {
-      if constexpr (kdQStageRebuilt) {
-        return smem_partition_offset(tiled_mma_dQ.get_thread_slice(thread_idx).partition_C(dq_stage_tile()),
-                                     dq_stage_tile().data());
-      } else {
-        return 0;
-      }
-    }();
     // (permuted dQ staging, hand_dq_to_writer) the thread's address of segment 0, whose
     // column is (c0 & ~31) + 8 * (r0 & 3) + (c0 & 7). Segment s's column differs from it in
     // bits 3-4 only (s ^ (r0 & 3) for r0 & 3), and the 128-byte swizzle moves bytes by the row
@@ -1123,13 +1114,7 @@ struct BwdMainloop {
         }
       } else {
         // (swapped: dQ^T's fragment into the (q, d) tile through its transposed view, single floats)
-        Tensor tdQsdQ = [&] {
-          if constexpr (kdQStageRebuilt) {
-            return rebuild_smem_partition<dQStageLayout>(dq_stage_tile().data(), dq_stage_offset);
-          } else {
-            return tiled_mma_dQ.get_thread_slice(launder_int(thread_idx)).partition_C(dq_stage_tile());
-          }
-        }();
+        Tensor tdQsdQ = tiled_mma_dQ.get_thread_slice(launder_int(thread_idx)).partition_C(dq_stage_tile());
         named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
         cute::copy(tdQrdQ, tdQsdQ);
       }
