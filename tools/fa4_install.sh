@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine (the second call of tools/fetch_fa4.sh's two): join build/fa4/part1 (left by
-# the call before, on this same machine) and build/fa4/part2, check the archive, and install its
+# On the GPU machine (the last call of tools/fetch_fa4.sh's three): join build/fa4/part1 and
+# part1b (left by the calls before, on this same machine) and part2, check the archive, and install its
 # wheels offline into build/fa4_deps (for bench_bwd.py --fa4, put the two folders it prints on
 # PYTHONPATH).
 set -euo pipefail
@@ -10,7 +10,13 @@ if ! ls build/fa4/part1/wheels.tar.part00 > /dev/null 2>&1; then
   exit 3
 fi
 tmp=$(mktemp -d)
-cat build/fa4/part1/wheels.tar.part00 build/fa4/part2/wheels.tar.part* > "$tmp/wheels.tar"
+# the parts in their order: part1/, part1b/ (tools/fetch_fa4.sh's three carries; absent in the
+# two of an older download), part2/ (named one by one: a glob's order follows the locale, which
+# on the GPU machine puts part1b/ before part1/)
+parts=(build/fa4/part1/wheels.tar.part00)
+if [ -d build/fa4/part1b ]; then parts+=(build/fa4/part1b/wheels.tar.part*); fi
+parts+=(build/fa4/part2/wheels.tar.part*)
+cat "${parts[@]}" > "$tmp/wheels.tar"
 echo "$(cat build/fa4/part2/wheels.tar.sha256)  $tmp/wheels.tar" | sha256sum -c --quiet
 tar xf "$tmp/wheels.tar" -C "$tmp"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # FlashAttention-4's SM90 backward side by side with ours and the stock backends (bench_bwd.py
-# --fa4, interleaved in one run) on a prebuilt extension: the second of two device calls on one
-# warm machine (tools/fetch_fa4.sh; the first carries build/fa4/part1 and runs `true`). This one
+# --fa4, interleaved in one run) on a prebuilt extension: the last of three device calls on one
+# warm machine (tools/fetch_fa4.sh; the first two carry build/fa4/part1 and part1b and run
+# `true`). This one
 # carries build/fa4/part2, .whl and build/carry_gz: a call's prebuilt/ (the .so gzipped, its
 # _build_config.py and prebuilt_sources.sha1), since 64 MiB per call leave no room for the .so
 # unzipped beside part2.

@@ -3,9 +3,9 @@
 # backward on the same inputs (tools/ncu_peer_case.py: every kernel of the call, pre / main /
 # post), per case of NCU_PEER_CASES (';'-separated; default d64 b2 h32 and d128 b2 h16, s8192,
 # no mask), so the two main kernels can be set side by side: headline metrics, instruction mix
-# by opcode, top instructions by stall samples, stall reasons, pipe utilization. The second of
-# two device calls on one warm machine, as tools/fa4_side_call.sh (carry build/fa4/part2, .whl
-# and build/carry_gz; the first call carries build/fa4/part1 and runs `true`):
+# by opcode, top instructions by stall samples, stall reasons, pipe utilization. The last of
+# three device calls on one warm machine, as tools/fa4_side_call.sh (carry build/fa4/part2, .whl
+# and build/carry_gz; the first two calls carry build/fa4/part1 and part1b and run `true`):
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/ncu_peer_call.sh "$OUT"
 # (In the thirty-first session call 1's build was still on the machine: the call gzipped it into
 # build/carry_gz there first.) NCU_PEER_IMPLS (default "ours fa4") picks the sides.
