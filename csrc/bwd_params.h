@@ -192,6 +192,13 @@ struct BwdParams {
   // overlap this tile's last m-block and its dK / dV epilogue, and a CTA starts once. false:
   // one CTA per tile. make_params sets it (TORCH_SM90_SDPA_PERSISTENT).
   bool persistent = false;
+  // The preprocess walks the q-side rows from the last (batch, head) to the first and the
+  // postprocess from the last to the first, so that the rows the main kernel reads first (its
+  // tiles go by ascending batch and head) are the preprocess's last writes (dq_accum's zeros,
+  // dO read for dpsum), and the rows it wrote last are the postprocess's first reads: both
+  // still in L2. Results do not change (each row is computed the same way). make_params sets
+  // it (TORCH_SM90_SDPA_PREPOST_ORDER).
+  bool prepost_reversed = false;
 };
 
 }  // namespace sm90_sdpa

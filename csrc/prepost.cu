@@ -108,6 +108,7 @@ struct PreArgs {
   // (mask_bounds.h) while the rest run the preprocess: one launch, the reads overlapping
   int bounds_ctas;
   mask_bounds::BoundsArgs bounds;
+  bool reversed;  // BwdParams::prepost_reversed: the kv chunks, then the q chunks last to first
 };
 
 __device__ __forceinline__ void zero_row(float* p, int n, int lane, int group, bool vec) {
@@ -148,7 +149,11 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreArgs 
   const int chunks_per_bh_q = (a.seqlen_q_rounded + kChunkRows - 1) / kChunkRows;
   const int chunks_per_bh_kv = (a.seqlen_k_rounded + kChunkRows - 1) / kChunkRows;
 
-  for (int64_t chunk = block; chunk < a.chunks_q + a.chunks_kv; chunk += blocks) {
+  for (int64_t item = block; item < a.chunks_q + a.chunks_kv; item += blocks) {
+    // (reversed: the q chunks of the first (batch, head) come last, the main kernel's first reads)
+    const int64_t chunk = !a.reversed ? item
+                          : item < a.chunks_kv ? a.chunks_q + item
+                                               : a.chunks_q - 1 - (item - a.chunks_kv);
     if (chunk < a.chunks_q) {
       const int64_t bh = chunk / chunks_per_bh_q;
       const int s0 = int(chunk - bh * chunks_per_bh_q) * kChunkRows;
@@ -213,6 +218,7 @@ struct PostJob {
   int group_log2;  // threads per row
   int64_t chunks;  // B * H * ceil(S / kChunkRows)
   int permuted;    // acc's row s holds column c at c ^ ((s & 3) << 3) (BwdParams::dq_accum_permuted)
+  int reversed;    // BwdParams::prepost_reversed: chunks last to first
 };
 
 struct PostArgs {
@@ -229,7 +235,9 @@ __global__ void __launch_bounds__(kThreads) bwd_postprocess_kernel(const PostArg
   const int per_pass = kThreads >> j.group_log2;
   const int chunks_per_bh = (j.seqlen + kChunkRows - 1) / kChunkRows;
   const int64_t head_step = int64_t(j.seqlen_rounded) * j.dim;  // between summed heads
-  for (int64_t chunk = blockIdx.x; chunk < j.chunks; chunk += gridDim.x) {
+  for (int64_t item = blockIdx.x; item < j.chunks; item += gridDim.x) {
+    // (reversed: the rows the main kernel added to last, still in L2, are read first)
+    const int64_t chunk = j.reversed ? j.chunks - 1 - item : item;
     const int64_t bh = chunk / chunks_per_bh;
     const int s0 = int(chunk - bh * chunks_per_bh) * kChunkRows;
     const int64_t h = bh % j.heads, b = bh / j.heads;
@@ -396,6 +404,7 @@ void run_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
     vec_acc = vec_acc && p.head_dim_v % 4 == 0 && aligned16(p.dk_accum) && aligned16(p.dv_accum);
   }
   a.group_log2 = group_log2_for(vec_in ? p.head_dim_v / 8 : p.head_dim_v);
+  a.reversed = p.prepost_reversed;
   if (!mask_bounds::plan(p, a.bounds, a.bounds_ctas)) a.bounds_ctas = 0;
   if (p.dtype == DType::kFloat16) {
     dispatch_pre<__half>(a, vec_in, vec_acc, p.num_sms, stream);
@@ -423,6 +432,7 @@ void run_bwd_postprocess(const BwdParams& p, cudaStream_t stream) {
     j.factor = factor;
     j.sum_heads = sum_heads;
     j.permuted = permuted;
+    j.reversed = p.prepost_reversed;
     j.chunks = int64_t(p.batch) * heads * ((seqlen + kChunkRows - 1) / kChunkRows);
     j.vec = dim % 8 == 0 && aligned16(acc) && aligned16(out) &&
             strides_aligned16(2, sb, p.batch, sh, heads, sr, seqlen);

@@ -451,6 +451,16 @@ static bool persistent_from_env() {
   return kPersistentByDefault;
 }
 
+// TORCH_SM90_SDPA_PREPOST_ORDER=reversed / forward: the pre- and postprocess walk the rows
+// from the last (batch, head) / from the first (BwdParams::prepost_reversed; read per call, so
+// that a benchmark can interleave both). Unset or anything else: kPrepostReversedByDefault.
+static bool prepost_reversed_from_env() {
+  const char* env = std::getenv("TORCH_SM90_SDPA_PREPOST_ORDER");
+  if (env != nullptr && std::string(env) == "reversed") return true;
+  if (env != nullptr && std::string(env) == "forward") return false;
+  return kPrepostReversedByDefault;
+}
+
 // TORCH_SM90_SDPA_SECTION_HEADS=N (N > 0): the main kernel's scheduling sections hold N head
 // groups each instead of its rule's count (BwdParams::heads_per_section; read per call, for
 // tools/section_probe.py's A/B). Unset or anything else: 0, the rule.
@@ -467,6 +477,7 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
   n.programmatic_launch = programmatic_launch_from_env();
   n.persistent = persistent_from_env();
   n.heads_per_section = section_heads_from_env();
+  n.prepost_reversed = prepost_reversed_from_env();
   n.batch = p.batch;
   n.heads_q = p.heads_q;
   n.heads_kv = p.heads_kv;

@@ -155,6 +155,14 @@ int gqa_heads_per_cta(const BwdProblem& problem);
 // TORCH_SM90_SDPA_PERSISTENT (read per call: 1 on, 0 off) does not say.
 constexpr bool kPersistentByDefault = true;
 
+// Whether the pre- and postprocess walk the rows last (batch, head) first
+// (BwdParams::prepost_reversed) when TORCH_SM90_SDPA_PREPOST_ORDER (read per call: reversed /
+// forward) does not say. Why: the main kernel's first tiles then read what the preprocess
+// wrote last (dq_accum's zeros, dO), and the postprocess first reads what the main kernel
+// added last, from L2 instead of HBM (at s = 512, d128 b32 h16, dq_accum alone is 134 MB
+// against the 50 MB L2).
+constexpr bool kPrepostReversedByDefault = true;
+
 // The split tail of a problem (BwdParams::split_tiles): full attention's tiles all cost the
 // same, so on P persistent CTAs (P = problem.num_sms) T tiles take ceil(T / P) tile times
 // (H200, d128 s8192 full, main kernel: 31, 32 and 33 heads, 15.0 / 15.5 / 16.0 waves of work,

@@ -111,6 +111,7 @@ py::dict build_info() {
   d["cudart_version"] = CUDART_VERSION;  // the statically linked CUDA runtime
   d["seq_round"] = sm90_sdpa::kSeqRound;
   d["persistent_by_default"] = dev::kPersistentByDefault;  // TORCH_SM90_SDPA_PERSISTENT unset
+  d["prepost_reversed_by_default"] = dev::kPrepostReversedByDefault;  // TORCH_SM90_SDPA_PREPOST_ORDER unset
   return d;
 }
 
@@ -331,6 +332,7 @@ PYBIND11_MODULE(_C, m) {
       // outputs
       TENSOR_FIELDS(dq, void*) TENSOR_FIELDS(dk, void*) TENSOR_FIELDS(dv, void*)
       FIELD(num_sms) FIELD(l2_bytes) FIELD(heads_per_section) FIELD(programmatic_launch) FIELD(persistent)
+      FIELD(prepost_reversed)
       // mask (read-only here: make_params fills them consistently)
       .def_property_readonly("mask_kind", [](const BwdParams& p) { return static_cast<int>(p.mask_kind); })
       .def_property_readonly("tile_class", [](const BwdParams& p) { return ptr_to_int(p.tile_class); })

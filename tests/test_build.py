@@ -498,6 +498,28 @@ def test_make_params_reads_the_persistent_switch(monkeypatch):
 
 
 @needs_C
+def test_make_params_reads_the_prepost_order(monkeypatch):
+    # TORCH_SM90_SDPA_PREPOST_ORDER=reversed / forward: the pre- and postprocess walk the rows
+    # last (batch, head) first / first first (BwdParams.prepost_reversed); unset or anything
+    # else: the built-in default, which build_info() reports. Read per call.
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
+    lse = torch.randn(1, 2, 70)
+    monkeypatch.delenv("TORCH_SM90_SDPA_PREPOST_ORDER", raising=False)
+    default = cb.make_params(q, q, q, q, q, lse)[0].prepost_reversed
+    assert default == _extension.build_info()["prepost_reversed_by_default"]
+    assert isinstance(default, bool)
+    monkeypatch.setenv("TORCH_SM90_SDPA_PREPOST_ORDER", "reversed")
+    assert cb.make_params(q, q, q, q, q, lse)[0].prepost_reversed
+    monkeypatch.setenv("TORCH_SM90_SDPA_PREPOST_ORDER", "forward")
+    assert not cb.make_params(q, q, q, q, q, lse)[0].prepost_reversed
+    for other in ("", "1", "Reversed"):
+        monkeypatch.setenv("TORCH_SM90_SDPA_PREPOST_ORDER", other)
+        assert cb.make_params(q, q, q, q, q, lse)[0].prepost_reversed == default
+
+
+@needs_C
 def test_make_params_reads_the_section_switch(monkeypatch):
     # TORCH_SM90_SDPA_SECTION_HEADS=N (N > 0): the main kernel's scheduling sections hold N head
     # groups (BwdParams.heads_per_section, for A/B measurement); unset or anything else: 0, the

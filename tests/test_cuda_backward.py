@@ -399,6 +399,44 @@ def test_programmatic_launch_matches_plain_launches(head_dim, dtype, mode, monke
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("mode", ["default", "gqa", "gqa-walk", "mask", "bias", "cross"])
+def test_prepost_order_gives_the_same_gradients(head_dim, mode, monkeypatch):
+    """The pre- and postprocess walking their rows last (batch, head) first
+    (TORCH_SM90_SDPA_PREPOST_ORDER=reversed) compute every row as the forward order does:
+    deterministic mode gives the same bits either way, and both orders meet the fp64
+    criterion (GQA: the kv accumulators' chunks too; bias: the score-bound CTAs of the same
+    launch; cross: Sq != Sk, rows past Sq in the rounded workspaces)."""
+    dtype = torch.bfloat16
+    need_variant(head_dim, dtype)
+    hkv = 1 if mode.startswith("gqa") else 4
+    monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", "1" if mode == "gqa-walk" else "0")
+    sq, sk = (700, 1000) if mode == "cross" else (1000, 1000)
+    q, k, v, dout = make_inputs(3, 4, hkv, sq, sk, head_dim, dtype, seed=41)
+    scale = 1 / math.sqrt(head_dim)
+    mask = None
+    if mode == "mask":
+        mask = causal_mask(sq, sk, "cuda")
+    elif mode == "bias":
+        mask = torch.zeros(sq, sk, dtype=dtype, device="cuda").masked_fill(
+            ~causal_mask(sq, sk, "cuda"), -65504.0)
+    is_causal = mask is None and mode != "cross"
+    out, lse = stock_forward(q, k, v, mask is not None or is_causal, scale)
+    _, _, rdq, rdk, rdv = reference(q, k, v, dout, mask is not None or is_causal, scale)
+    sdq, sdk, sdv = stock_backward(q, k, v, dout, mask is not None or is_causal, scale)
+    results = {}
+    for order in ("forward", "reversed"):
+        monkeypatch.setenv("TORCH_SM90_SDPA_PREPOST_ORDER", order)
+        results[order] = [sdpa_backward(dout, q, k, v, out, lse, is_causal, scale, det, mask)
+                          for det in (False, True)]
+    for order, (fast, det) in results.items():
+        for g, st, ref, name in zip(fast + det, (sdq, sdk, sdv) * 2, (rdq, rdk, rdv) * 2,
+                                    ("dq", "dk", "dv", "dq det", "dk det", "dv det")):
+            assert_close_to_reference(g, st, ref, f"{order} {name}")
+    for a, b, name in zip(results["forward"][1], results["reversed"][1], ("dq", "dk", "dv")):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_programmatic_launch_back_to_back(head_dim, monkeypatch):
     """Calls on different problems issued back to back without a sync, programmatically
     launched: each call's main kernel starts while the previous kernel drains, and its

@@ -44,6 +44,8 @@ _DEFAULT_INFO = {
     "cuda_op": None,  # "c++" (the stable-ABI kernel), "python" (fallback) or None
     # the main kernel's persistent CTAs when TORCH_SM90_SDPA_PERSISTENT is unset (from _C)
     "persistent_by_default": None,
+    # the pre- / postprocess's row order when TORCH_SM90_SDPA_PREPOST_ORDER is unset (from _C)
+    "prepost_reversed_by_default": None,
 }
 
 
