@@ -476,25 +476,35 @@ def test_make_params_reads_the_programmatic_launch_switch(monkeypatch):
         assert not cb.make_params(q, q, q, q, q, lse)[0].programmatic_launch
 
 
+def _check_two_way_switch(monkeypatch, var, field, on, off, others, default_key):
+    """make_params reads the environment switch `var` per call into BwdParams.`field`: `on` sets
+    it, `off` clears it, unset or any of `others` gives the built-in default, which build_info()
+    reports under `default_key`."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
+    lse = torch.randn(1, 2, 70)
+    read = lambda: getattr(cb.make_params(q, q, q, q, q, lse)[0], field)  # noqa: E731
+    monkeypatch.delenv(var, raising=False)
+    default = read()
+    assert default == _extension.build_info()[default_key]
+    monkeypatch.setenv(var, on)
+    assert read()
+    monkeypatch.setenv(var, off)
+    assert not read()
+    for other in others:
+        monkeypatch.setenv(var, other)
+        assert read() == default
+    return default
+
+
 @needs_C
 def test_make_params_reads_the_persistent_switch(monkeypatch):
     # TORCH_SM90_SDPA_PERSISTENT=1 / 0: the main kernel's CTAs take several tiles each / one
     # tile each (BwdParams.persistent); unset or anything else: the built-in default, which
     # build_info() reports. Read per call.
-    from torch_sm90_sdpa import _cuda_backend as cb
-
-    q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
-    lse = torch.randn(1, 2, 70)
-    monkeypatch.delenv("TORCH_SM90_SDPA_PERSISTENT", raising=False)
-    default = cb.make_params(q, q, q, q, q, lse)[0].persistent
-    assert default == _extension.build_info()["persistent_by_default"]
-    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "1")
-    assert cb.make_params(q, q, q, q, q, lse)[0].persistent
-    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "0")
-    assert not cb.make_params(q, q, q, q, q, lse)[0].persistent
-    for other in ("", "yes", "2"):
-        monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", other)
-        assert cb.make_params(q, q, q, q, q, lse)[0].persistent == default
+    _check_two_way_switch(monkeypatch, "TORCH_SM90_SDPA_PERSISTENT", "persistent", "1", "0",
+                          ("", "yes", "2"), "persistent_by_default")
 
 
 @needs_C
@@ -502,21 +512,10 @@ def test_make_params_reads_the_prepost_order(monkeypatch):
     # TORCH_SM90_SDPA_PREPOST_ORDER=reversed / forward: the pre- and postprocess walk the rows
     # last (batch, head) first / first first (BwdParams.prepost_reversed); unset or anything
     # else: the built-in default, which build_info() reports. Read per call.
-    from torch_sm90_sdpa import _cuda_backend as cb
-
-    q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
-    lse = torch.randn(1, 2, 70)
-    monkeypatch.delenv("TORCH_SM90_SDPA_PREPOST_ORDER", raising=False)
-    default = cb.make_params(q, q, q, q, q, lse)[0].prepost_reversed
-    assert default == _extension.build_info()["prepost_reversed_by_default"]
+    default = _check_two_way_switch(monkeypatch, "TORCH_SM90_SDPA_PREPOST_ORDER", "prepost_reversed",
+                                    "reversed", "forward", ("", "1", "Reversed"),
+                                    "prepost_reversed_by_default")
     assert isinstance(default, bool)
-    monkeypatch.setenv("TORCH_SM90_SDPA_PREPOST_ORDER", "reversed")
-    assert cb.make_params(q, q, q, q, q, lse)[0].prepost_reversed
-    monkeypatch.setenv("TORCH_SM90_SDPA_PREPOST_ORDER", "forward")
-    assert not cb.make_params(q, q, q, q, q, lse)[0].prepost_reversed
-    for other in ("", "1", "Reversed"):
-        monkeypatch.setenv("TORCH_SM90_SDPA_PREPOST_ORDER", other)
-        assert cb.make_params(q, q, q, q, q, lse)[0].prepost_reversed == default
 
 
 @needs_C
