@@ -226,6 +226,15 @@ Decision can_implement(const BwdProblem& p) {
   for (int s : sizes) {
     if (s < 0) return unsupported("unexpected shapes", "a negative size");
   }
+  // Nothing to compute (no query, no key, no head, no value dim: every score's gradient is 0):
+  // zero gradients on any GPU, as stock SDPA gives. (D = 0 with Dv > 0 is not this case: the
+  // uniform probabilities still give dV.)
+  if (p.batch == 0 || p.heads_q == 0 || p.heads_kv == 0 || p.seqlen_q == 0 || p.seqlen_k == 0 ||
+      p.head_dim_v == 0) {
+    Decision d;
+    d.verdict = Verdict::kEmpty;
+    return d;
+  }
   if (p.cc_major != 9 || p.cc_minor != 0) {
     return unsupported(kReasonNotSm90, cat("compute capability ", p.cc_major, ".", p.cc_minor,
                                            " (the kernels are built for sm_90a)"));
@@ -238,12 +247,6 @@ Decision can_implement(const BwdProblem& p) {
   }
   if (p.heads_kv == 0 ? p.heads_q != 0 : p.heads_q % p.heads_kv != 0) {
     return unsupported(kReasonHeads, cat("Hq = ", p.heads_q, ", Hkv = ", p.heads_kv));
-  }
-  if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0 || p.seqlen_k == 0 ||
-      p.head_dim == 0) {
-    Decision d;
-    d.verdict = Verdict::kEmpty;
-    return d;
   }
   if (!has_variant(p.head_dim, p.dtype)) {
     return unsupported(kReasonVariant, cat("no kernel for head dim ", p.head_dim, " ",

@@ -177,6 +177,15 @@ AtenTensorHandle optional_tensor(StableIValue v) {
   return h;
 }
 
+// A `float?` argument (the same encoding as `Tensor?`): false for None, else true and *value.
+bool optional_double(StableIValue v, double* value) {
+  StableIValue* boxed = from_stack<StableIValue*>(v);
+  if (boxed == nullptr) return false;
+  *value = from_stack<double>(*boxed);
+  delete boxed;
+  return true;
+}
+
 // An owned tensor handle: deleted when it goes out of scope unless released to the stack.
 class Owned {
  public:
@@ -361,7 +370,10 @@ void expect_size(const TensorInfo& t, int dim, int64_t want, const char* what, c
 }
 
 void expect_last_dim_contiguous(const TensorInfo& t) {
-  if (t.sizes[t.dim - 1] > 1 && t.strides[t.dim - 1] != 1) {
+  int64_t numel = 1;
+  for (int64_t i = 0; i < t.dim; ++i) numel *= t.sizes[i];
+  // (an empty tensor has no element to read: any strides do)
+  if (t.sizes[t.dim - 1] > 1 && t.strides[t.dim - 1] != 1 && numel != 0) {
     fail(cat(t.name, ": expected a contiguous last dimension (stride(-1) == 1), got strides ",
              strides_str(t), "; call .contiguous() first"));
   }
@@ -392,7 +404,7 @@ void check_args(const TensorInfo& go, const TensorInfo& q, const TensorInfo& k,
   expect_size(k, 0, B, "batch size", "query.size(0)");
   expect_size(v, 0, B, "batch size", "query.size(0)");
   expect_size(k, 3, D, "head dim", "query.size(-1)");
-  if (Hkv == 0 || Hq % Hkv != 0) {
+  if (Hkv != 0 && Hq % Hkv != 0) {  // Hkv = 0: no key at all, every gradient is zero
     fail(cat("key: expected a number of heads that divides query's ", Hq,
              " heads (grouped-query attention), got ", Hkv));
   }
@@ -487,8 +499,9 @@ class DeviceScope {  // the tensors' device current in this CUDA runtime, restor
 };
 
 // sdpa_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-//               bool is_causal, float scale, bool deterministic, Tensor? attn_mask=None)
-//   -> (Tensor, Tensor, Tensor)
+//               bool is_causal=False, float? scale=None, bool deterministic=False,
+//               Tensor? attn_mask=None) -> (Tensor, Tensor, Tensor)
+// scale None: 1/sqrt(D) (1 for D = 0, where every score is 0 whatever the scale).
 void sdpa_backward_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
   if (num_args != 10 || num_outputs != 3) {
     fail(cat("torch_sm90_sdpa::sdpa_backward: the registered kernel expects 10 arguments and 3 "
@@ -499,12 +512,17 @@ void sdpa_backward_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_out
       h_k(from_stack<AtenTensorHandle>(stack[2])), h_v(from_stack<AtenTensorHandle>(stack[3])),
       h_out(from_stack<AtenTensorHandle>(stack[4])), h_lse(from_stack<AtenTensorHandle>(stack[5]));
   const bool is_causal = from_stack<bool>(stack[6]);
-  const double scale = from_stack<double>(stack[7]);
+  double scale = 0.0;
+  const bool scale_given = optional_double(stack[7], &scale);
   const bool deterministic = from_stack<bool>(stack[8]);
 
   TensorInfo go = read(h_go.get(), "grad_out"), q = read(h_q.get(), "query"),
              k = read(h_k.get(), "key"), v = read(h_v.get(), "value"),
              out = read(h_out.get(), "out"), lse = read(h_lse.get(), "lse");
+  if (!scale_given) {
+    const int64_t d = q.dim == 4 ? q.sizes[3] : 0;
+    scale = d > 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 1.0;
+  }
   check_args(go, q, k, v, out, lse, scale);
   TensorInfo mask;
   device::OperandLayout mask_layout;
@@ -599,13 +617,14 @@ void sdpa_backward_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_out
 // _stable_abi_probe(Tensor t, bool flag, float x, Tensor? maybe=None) -> (Tensor, Tensor): on
 // CPU, for tests of this file's plumbing without a GPU. Returns (info, like): info is int64
 // [3 + 2 * dim + 3] = [dim, dtype is float16/bfloat16/float32/float64/bool (0..4, else -1), flag,
-// sizes..., strides..., round(x * 1000), the byte alignment of t's address, maybe's dim or -1
-// for None], and like = empty_like(t) as this file computes it.
+// sizes..., strides..., round(x * 1000) or INT64_MIN for x None, the byte alignment of t's
+// address, maybe's dim or -1 for None], and like = empty_like(t) as this file computes it.
 void stable_abi_probe(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
   if (num_args != 4 || num_outputs != 2) fail("_stable_abi_probe: bad arity");
   Owned h(from_stack<AtenTensorHandle>(stack[0]));
   const bool flag = from_stack<bool>(stack[1]);
-  const double x = from_stack<double>(stack[2]);
+  double x = 0.0;
+  const bool x_given = optional_double(stack[2], &x);
   Owned maybe(optional_tensor(stack[3]));
   TensorInfo t = read(h.get(), "t");
   int64_t maybe_dim = -1;
@@ -627,7 +646,7 @@ void stable_abi_probe(StableIValue* stack, uint64_t num_args, uint64_t num_outpu
     o[3 + i] = t.sizes[i];
     o[3 + t.dim + i] = t.strides[i];
   }
-  o[3 + 2 * t.dim] = static_cast<int64_t>(std::llround(x * 1000.0));
+  o[3 + 2 * t.dim] = x_given ? static_cast<int64_t>(std::llround(x * 1000.0)) : INT64_MIN;
   o[4 + 2 * t.dim] = address_align(t.data);
   o[5 + 2 * t.dim] = maybe_dim;
   Owned like = empty_like(t);

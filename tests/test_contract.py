@@ -213,3 +213,11 @@ def test_stable_abi_reads_tensors_and_allocates_like_torch(probe, name):
         assert info[4 + 2 * n].item() == min(align, 16)
         want = torch.empty_like(t)
         assert (like.shape, like.stride(), like.dtype) == (want.shape, want.stride(), want.dtype)
+
+
+def test_stable_abi_reads_an_optional_float(probe):
+    """`float?` arguments (sdpa_backward's scale) arrive as a value or as None."""
+    t = torch.randn(2, 3)
+    n = t.dim()
+    assert probe(t, True, 0.25)[0][3 + 2 * n].item() == 250
+    assert probe(t, True, None)[0][3 + 2 * n].item() == torch.iinfo(torch.int64).min

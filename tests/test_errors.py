@@ -1,4 +1,6 @@
 """Bad input to the public functions gives a clear error naming the argument."""
+import math
+
 import pytest
 import torch
 
@@ -77,12 +79,9 @@ def test_sdpa_backward_fake_reports_the_same_errors():
             _call_backward(fake)
 
 
-@pytest.mark.parametrize("fn", ["op", "drop_in"])
-def test_sdpa_and_drop_in_errors(fn):
+def test_sdpa_op_errors():
     def call(q, k, v, enable_gqa=True):
-        if fn == "op":
-            return sdpa(q, k, v, False, 0.5, enable_gqa)
-        return torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa)
+        return sdpa(q, k, v, False, 0.5, enable_gqa)
 
     q, k, v = (t.requires_grad_() for t in make_qkv(2, 4, 2, 6, 7, 8, dtype=torch.float32))
     with pytest.raises(TypeError, match="key: expected dtype torch.float32"):
@@ -97,8 +96,76 @@ def test_sdpa_and_drop_in_errors(fn):
         call(q, k[..., :4], v)
     with pytest.raises(ValueError, match="divides query's 4 heads"):
         call(q, torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8))
-    if fn == "op":
-        with pytest.raises(ValueError, match="query: expected a contiguous last dimension"):
-            call(_non_contiguous_last_dim(q), k, v)
-        with pytest.raises(ValueError, match="pass enable_gqa=True"):
-            call(q, k, v, enable_gqa=False)
+    with pytest.raises(ValueError, match="query: expected a contiguous last dimension"):
+        call(_non_contiguous_last_dim(q), k, v)
+    with pytest.raises(ValueError, match="pass enable_gqa=True"):
+        call(q, k, v, enable_gqa=False)
+
+
+def _outcome(fn):
+    try:
+        return ("ok", fn())
+    except Exception as e:  # noqa: BLE001 (the outcome is what is compared)
+        return ("error", type(e), str(e))
+
+
+@pytest.mark.parametrize("case", ["key fp16", "query int64", "value batch 1", "key head dim 4",
+                                  "3 kv heads for 4", "fp16 mask, fp32 inputs",
+                                  "fp64 mask, fp32 inputs", "mask of 5 dims",
+                                  "mask not broadcastable", "scale nan"])
+def test_drop_in_refuses_what_stock_refuses_in_every_grad_mode(case):
+    """Inputs stock SDPA refuses (or reads otherwise than the op) go to stock: the drop-in
+    gives stock's answer, the same with and without grad."""
+    q, k, v = make_qkv(2, 4, 2, 6, 7, 8, dtype=torch.float32)
+    mask, scale, gqa = None, None, True
+    if case == "key fp16":
+        k = k.half()
+    elif case == "query int64":
+        q = q.long()
+    elif case == "value batch 1":
+        v = v[:1]
+    elif case == "key head dim 4":
+        k = k[..., :4]
+    elif case == "3 kv heads for 4":
+        k, v = torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
+    elif case == "fp16 mask, fp32 inputs":
+        mask = torch.zeros(6, 7, dtype=torch.float16)
+    elif case == "fp64 mask, fp32 inputs":
+        mask = torch.zeros(6, 7, dtype=torch.float64)
+    elif case == "mask of 5 dims":
+        mask = torch.ones(1, 1, 1, 6, 7, dtype=torch.bool)
+    elif case == "mask not broadcastable":
+        mask = torch.ones(5, 7, dtype=torch.bool)
+    elif case == "scale nan":
+        scale = float("nan")
+    outcomes = []
+    for grad in (True, False):
+        args = [t.detach().requires_grad_(grad and t.is_floating_point()) for t in (q, k, v)]
+        with torch.set_grad_enabled(grad):
+            ours = _outcome(lambda: torch_sm90_sdpa.scaled_dot_product_attention(
+                *args, attn_mask=mask, scale=scale, enable_gqa=gqa))
+            stock = _outcome(lambda: torch.nn.functional.scaled_dot_product_attention(
+                *args, attn_mask=mask, scale=scale, enable_gqa=gqa))
+        assert ours[0] == stock[0], (grad, ours, stock)
+        if ours[0] == "error":
+            assert ours[1:] == stock[1:]
+        else:
+            torch.testing.assert_close(ours[1], stock[1], equal_nan=True)
+        outcomes.append(ours[0])
+    assert outcomes[0] == outcomes[1]
+
+
+def test_sdpa_op_takes_scale_none_as_one_over_sqrt_d():
+    q, k, v = make_qkv(2, 4, 2, 6, 7, 8, dtype=torch.float64)
+    out, lse = sdpa(q, k, v, False, None, True)
+    out2, lse2 = sdpa(q, k, v, False, 1 / math.sqrt(8), True)
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+    out3, lse3 = sdpa(q, k, v, enable_gqa=True)  # every argument after v has a default
+    assert torch.equal(out, out3) and torch.equal(lse, lse3)
+    go = torch.randn_like(out)
+    grads = sdpa_backward(go, q, k, v, out, lse, False, None, False)
+    grads2 = sdpa_backward(go, q, k, v, out, lse, False, 1 / math.sqrt(8), False)
+    for g, g2 in zip(grads, grads2):
+        assert torch.equal(g, g2)
+    for g, g2 in zip(sdpa_backward(go, q, k, v, out, lse), grads2):
+        assert torch.equal(g, g2)

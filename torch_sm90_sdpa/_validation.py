@@ -26,7 +26,8 @@ def _check_tensor(name: str, t, ndim: int) -> None:
 
 
 def _check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
-    if t.size(-1) > 1 and t.stride(-1) != 1:
+    # (an empty tensor has no element to read: any strides do)
+    if t.size(-1) > 1 and t.stride(-1) != 1 and t.numel() != 0:
         raise ValueError(
             f"{name}: expected a contiguous last dimension (stride(-1) == 1), "
             f"got strides {tuple(t.stride())}; call .contiguous() first"
@@ -65,9 +66,21 @@ def _check_dim(name: str, t: torch.Tensor, dim: int, expected: int, what: str, s
         )
 
 
+def resolve_scale(scale, q: torch.Tensor) -> float:
+    """The softmax scale of a call: ``scale``, or 1/sqrt(D) for None (1 for D = 0: the scores
+    are empty dot products, 0 whatever the scale)."""
+    if scale is not None:
+        return scale
+    head_dim = q.size(-1) if isinstance(q, torch.Tensor) and q.dim() > 0 else 0
+    return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+
+
 def check_scale(scale) -> None:
-    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite float, got {scale!r}")
+    """scale: None (1/sqrt(D)) or a finite number."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite float or None (1/sqrt(D)), got {scale!r}")
 
 
 def check_attention_inputs(q, k, v) -> None:
@@ -83,7 +96,8 @@ def check_attention_inputs(q, k, v) -> None:
     _check_dim("key", k, 0, batch, "batch size", "query.size(0)")
     _check_dim("value", v, 0, batch, "batch size", "query.size(0)")
     _check_dim("key", k, 3, head_dim, "head dim", "query.size(-1)")
-    if heads_kv == 0 or heads_q % heads_kv != 0:
+    # Hkv = 0: no key at all (every query sees none), as stock SDPA takes it
+    if heads_kv != 0 and heads_q % heads_kv != 0:
         raise ValueError(
             f"key: expected a number of heads that divides query's {heads_q} heads "
             f"(grouped-query attention), got {heads_kv}"

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import policy
-from ._validation import MASK_DTYPES
+from ._validation import MASK_DTYPES, SUPPORTED_DTYPES, resolve_scale
 from .ops import EagerSdpa
 
 log = logging.getLogger("torch_sm90_sdpa")
@@ -42,8 +42,39 @@ def _mask_unservable_reason(attn_mask, is_causal) -> str | None:
     return None
 
 
+def _stock_takes_differently(query, key, value, attn_mask, scale) -> str | None:
+    """Inputs the op would refuse (or read otherwise) where stock SDPA has its own answer: they
+    go to stock, which gives its result or its error whatever the grad mode, so a call is
+    accepted or refused alike with and without torch.no_grad()."""
+    if query.dtype not in SUPPORTED_DTYPES or key.dtype != query.dtype or \
+            value.dtype != query.dtype:
+        return "query/key/value dtypes the op does not take"
+    if key.device != query.device or value.device != query.device:
+        return "query/key/value on different devices"
+    b, hq, _, d = query.shape
+    if key.size(0) != b or value.size(0) != b or key.size(3) != d or \
+            value.size(1) != key.size(1) or value.size(2) != key.size(2):
+        return "key/value shapes that are not [B, Hkv, Sk, D] of query's B and D"
+    if key.size(1) != 0 and hq % key.size(1) != 0:
+        return "key heads that do not divide query's heads"
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        return "a scale that is not a finite number"
+    if attn_mask is not None:
+        # stock's rule (validate_sdpa_input): bool, float32 or query's dtype
+        if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
+            return "attn_mask dtype is not bool, float32 or query's dtype"
+        if attn_mask.device != query.device:
+            return "attn_mask on another device"
+        target = (b, hq, query.size(2), key.size(2))
+        shape = attn_mask.shape
+        if len(shape) > 4 or any(s not in (1, t) for s, t in zip(reversed(shape),
+                                                                  reversed(target))):
+            return "attn_mask not broadcastable to [B, Hq, Sq, Sk]"
+    return None
+
+
 def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
-                       is_causal=False) -> str | None:
+                       is_causal=False, scale=None) -> str | None:
     why = _mask_unservable_reason(attn_mask, is_causal)
     if why is not None:
         return why
@@ -53,6 +84,9 @@ def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
         return "query/key/value are not all tensors"
     if not all(t.dim() == 4 for t in (query, key, value)):
         return "query/key/value are not all 4-D"
+    why = _stock_takes_differently(query, key, value, attn_mask, scale)
+    if why is not None:
+        return why
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))):
         return "no gradient is needed"
     if query.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(query.device.type):
@@ -60,7 +94,7 @@ def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
         return "autocast is enabled"
     if value.size(-1) != query.size(-1):
         return "value head dim differs from query head dim"
-    if query.size(1) != key.size(1) and not enable_gqa:
+    if query.size(1) != key.size(1) and key.size(1) != 0 and not enable_gqa:
         return "head counts differ and enable_gqa is False"
     if query.device.type == "cuda":
         return _cuda_unservable_reason(query, key, value)
@@ -93,7 +127,8 @@ def scaled_dot_product_attention(
     kernel's deterministic mode (bitwise-repeatable gradients). On CPU the backward is the fp32 reference: correct,
     but slower than stock (it is there for tests and for checking the route).
     """
-    reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal)
+    reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal,
+                                scale)
     if reason is None:
         # A call we serve: the op checks it (bad input is reported naming the argument);
         # calls we do not serve go to stock SDPA untouched, which reports its own errors.
@@ -107,7 +142,7 @@ def scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
             is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
         )
-    resolved_scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
+    resolved_scale = resolve_scale(scale, query)
     log.debug("scaled_dot_product_attention: torch_sm90_sdpa backward")
     if torch.compiler.is_compiling() or type(query) is not torch.Tensor:
         # traced (Dynamo, export) or a tensor subclass (fake, functional): the custom op, whose

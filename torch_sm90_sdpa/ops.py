@@ -1,14 +1,20 @@
 """The torch.library ops of torch_sm90_sdpa.
 
-- ``torch.ops.torch_sm90_sdpa.sdpa_backward(grad_out, q, k, v, out, lse, is_causal, scale,
-  deterministic, attn_mask=None) -> (dq, dk, dv)``: the attention backward. CPU kernel: the fp32 reference in
+- ``torch.ops.torch_sm90_sdpa.sdpa_backward(grad_out, q, k, v, out, lse, is_causal=False,
+  scale=None, deterministic=False, attn_mask=None) -> (dq, dk, dv)``: the attention backward. CPU kernel: the fp32 reference in
   :mod:`torch_sm90_sdpa.reference`; CUDA kernel: C++ in ``_C`` (registered through torch's
   stable ABI, so a call runs no Python), or, where that registration is not possible, the same
   steps in Python (:func:`torch_sm90_sdpa._cuda_backend.sdpa_backward_python`). It has no
   autograd formula (its results never require grad); the differentiable ``sdpa`` below refuses
   double backward with a clear error.
-- ``torch.ops.torch_sm90_sdpa.sdpa(q, k, v, is_causal, scale, enable_gqa, attn_mask=None)
-  -> (out, lse)``: forward through the stock fused forward, backward through ``sdpa_backward``.
+- ``torch.ops.torch_sm90_sdpa.sdpa(q, k, v, is_causal=False, scale=None, enable_gqa=False,
+  attn_mask=None) -> (out, lse)``: forward through the stock fused forward (or, where stock SDPA
+  runs no fused kernel, e.g. an empty size, the reference forward), backward through
+  ``sdpa_backward``.
+
+``scale=None`` means 1/sqrt(D) (1 for D = 0, where every score is 0 whatever the scale).
+Empty sizes (batch, heads, query or key length, head dim) give stock SDPA's result: empty
+outputs, or out = 0 / lse = -inf / zero gradients for queries that see no key.
 
 attn_mask: None, or a bool mask (True = attend) or an additive float mask (fp32 / fp16 / bf16:
 0 = attend, -inf = masked, other values added to the scaled scores), of any shape broadcastable
@@ -33,7 +39,7 @@ import torch
 from torch import Tensor
 
 from . import _extension, _validation
-from .reference import attention_backward_reference
+from .reference import attention_backward_reference, attention_forward_reference
 
 log = logging.getLogger("torch_sm90_sdpa")
 
@@ -44,8 +50,8 @@ log = logging.getLogger("torch_sm90_sdpa")
 _lib = torch.library.Library("torch_sm90_sdpa", "FRAGMENT")  # noqa: TOR901
 _lib.define(
     "sdpa_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-    "bool is_causal, float scale, bool deterministic, Tensor? attn_mask=None) "
-    "-> (Tensor, Tensor, Tensor)"
+    "bool is_causal=False, float? scale=None, bool deterministic=False, "
+    "Tensor? attn_mask=None) -> (Tensor, Tensor, Tensor)"
 )
 SDPA_BACKWARD = torch.ops.torch_sm90_sdpa.sdpa_backward.default
 
@@ -87,15 +93,17 @@ def _check_and_count_direct_call(device, grad_out, q, k, v, out, lse, scale, att
         _python_calls[device] += 1
 
 
-def _sdpa_backward_cpu(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
-                       attn_mask=None):
+def _sdpa_backward_cpu(grad_out, q, k, v, out, lse, is_causal=False, scale=None,
+                       deterministic=False, attn_mask=None):
+    scale = _validation.resolve_scale(scale, q)
     _check_and_count_direct_call("cpu", grad_out, q, k, v, out, lse, scale, attn_mask)
     # The reference is deterministic whatever `deterministic` says.
     return attention_backward_reference(grad_out, q, k, v, out, lse, is_causal, scale, attn_mask)
 
 
-def _sdpa_backward_fake(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
-                        attn_mask=None):
+def _sdpa_backward_fake(grad_out, q, k, v, out, lse, is_causal=False, scale=None,
+                        deterministic=False, attn_mask=None):
+    scale = _validation.resolve_scale(scale, q)
     _validation.check_backward_inputs(grad_out, q, k, v, out, lse, scale)
     _validation.check_attn_mask(attn_mask, q, k)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -116,17 +124,18 @@ def cuda_kernel_kind():
     return _cuda_kernel
 
 
-def _sdpa_backward_cuda_python(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
-                               attn_mask=None):
+def _sdpa_backward_cuda_python(grad_out, q, k, v, out, lse, is_causal=False, scale=None,
+                               deterministic=False, attn_mask=None):
     from ._cuda_backend import sdpa_backward_python
 
+    scale = _validation.resolve_scale(scale, q)
     _check_and_count_direct_call("cuda", grad_out, q, k, v, out, lse, scale, attn_mask)
     return sdpa_backward_python(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
                                 attn_mask)
 
 
-def _sdpa_backward_cuda_unavailable(grad_out, q, k, v, out, lse, is_causal, scale,
-                                    deterministic, attn_mask=None):
+def _sdpa_backward_cuda_unavailable(grad_out, q, k, v, out, lse, is_causal=False, scale=None,
+                                    deterministic=False, attn_mask=None):
     raise RuntimeError("torch_sm90_sdpa: the SM90 CUDA kernels are not available: "
                        f"{_extension.unavailable_reason()}")
 
@@ -156,7 +165,7 @@ def define_stable_abi_probe() -> bool:
     """Define and register ``torch_sm90_sdpa::_stable_abi_probe`` (tests only; see
     registration/torch_op.cpp). True when the C++ CPU kernel is registered."""
     if not hasattr(torch.ops.torch_sm90_sdpa, "_stable_abi_probe"):
-        _lib.define("_stable_abi_probe(Tensor t, bool flag, float x, Tensor? maybe=None) "
+        _lib.define("_stable_abi_probe(Tensor t, bool flag, float? x, Tensor? maybe=None) "
                     "-> (Tensor, Tensor)")
     return _extension.register_stable_abi_probe() is None
 
@@ -234,16 +243,36 @@ def _cudnn_masked_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scal
     return res[0], lse[..., 0] if lse.dim() == 4 else lse
 
 
+def _no_work(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """An empty size (batch, heads, query or key length, head dim): no fused kernel is asked,
+    as stock SDPA asks none (its math path serves these)."""
+    return q.numel() == 0 or k.numel() == 0 or v.numel() == 0
+
+
+def _cpu_stock_mask(attn_mask, q: Tensor):
+    """The mask as the CPU kernel reads it: an additive bias of q's dtype (a bool mask as
+    0 / -inf; the kernel misreads a float mask of another dtype)."""
+    mask = _float_mask(attn_mask, q.dtype)
+    return mask.to(q.dtype) if mask is not None else None
+
+
 def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float,
-                   attn_mask=None):
-    """(out, lse) from the stock fused forward, in the op's layouts (see _sdpa_fake)."""
-    if q.device.type == "cpu":
-        # the CPU kernel takes a float mask of q's dtype
-        mask = _float_mask(attn_mask, q.dtype)
-        mask = mask.to(q.dtype) if mask is not None else None
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
-        )
+                   attn_mask=None, enable_gqa: bool = False):
+    """(out, lse) from the stock fused forward, in the op's layouts (see _sdpa_fake); the
+    reference forward where stock SDPA would not run a fused kernel either."""
+    if _no_work(q, k, v):
+        out, lse = attention_forward_reference(q, k, v, is_causal, scale, attn_mask)
+    elif q.device.type == "cpu":
+        mask = _cpu_stock_mask(attn_mask, q)
+        # the CPU flash kernel only where stock SDPA would pick it for this call
+        choice = torch.ops.aten._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, scale=scale,
+                                                 enable_gqa=enable_gqa)
+        if choice == int(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
+            )
+        else:
+            out, lse = attention_forward_reference(q, k, v, is_causal, scale, attn_mask)
     elif q.device.type == "cuda":
         res = _cudnn_masked_forward(q, k, v, is_causal, scale, attn_mask)
         if res is not None:
@@ -289,7 +318,7 @@ def _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask):
             f"value: expected head dim {q.size(-1)} (query.size(-1); the fused forward "
             f"needs Dv == D), got {v.size(-1)}"
         )
-    if q.size(1) != k.size(1) and not enable_gqa:
+    if q.size(1) != k.size(1) and k.size(1) != 0 and not enable_gqa:
         raise ValueError(
             f"key: expected {q.size(1)} heads like query, got {k.size(1)}; pass "
             "enable_gqa=True for grouped-query attention"
@@ -300,15 +329,16 @@ def _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask):
 
 @torch.library.custom_op("torch_sm90_sdpa::sdpa", mutates_args=(), device_types=("cpu", "cuda"))
 def sdpa(
-    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, enable_gqa: bool,
-    attn_mask: Optional[Tensor] = None,
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, scale: Optional[float] = None,
+    enable_gqa: bool = False, attn_mask: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask)
-    return _stock_forward(q, k, v, is_causal, scale, attn_mask)
+    scale = _validation.resolve_scale(scale, q)
+    return _stock_forward(q, k, v, is_causal, scale, attn_mask, enable_gqa)
 
 
 @sdpa.register_fake
-def _sdpa_fake(q, k, v, is_causal, scale, enable_gqa, attn_mask=None):
+def _sdpa_fake(q, k, v, is_causal=False, scale=None, enable_gqa=False, attn_mask=None):
     """The op's contract: out [B, Hq, Sq, Dv] with the strides of torch.empty_like(q) (Dv == D);
     lse [B, Hq, Sq] contiguous, float64 for float64 inputs, else float32."""
     _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask)
@@ -323,7 +353,7 @@ def _sdpa_setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, attn_mask)
     ctx.is_causal = is_causal
-    ctx.scale = scale
+    ctx.scale = _validation.resolve_scale(scale, q)
     ctx.mark_non_differentiable(lse)
     # lse gets no gradient: without this, autograd hands the backward a zero-filled [B, H, Sq]
     # tensor for it on every call (an allocation and a fill kernel the backward never reads)

@@ -1,7 +1,8 @@
-"""The CPU reference of the attention backward: plain tensor math in fp32 (fp64 for
+"""The reference attention forward and backward: plain tensor math in fp32 (fp64 for
 fp64 inputs), written out explicitly (no autograd: custom-op kernels run below the
-Autograd key). It is what CI, opcheck and the CPU route of the compile pass run, and
-it states the semantics the CUDA kernel must match.
+Autograd key). The backward is what CI, opcheck and the CPU route of the compile pass run;
+the forward serves the calls no fused kernel takes (empty sizes: no key, no query, no head,
+a zero head dim), on any device. Together they state the semantics the CUDA kernels match.
 """
 from __future__ import annotations
 
@@ -36,6 +37,50 @@ def mask_bias(attn_mask_b: torch.Tensor, math_dtype: torch.dtype) -> torch.Tenso
     return attn_mask_b.to(math_dtype)
 
 
+def attention_forward_reference(
+    q: torch.Tensor,  # [B, Hq, Sq, D]
+    k: torch.Tensor,  # [B, Hkv, Sk, D]
+    v: torch.Tensor,  # [B, Hkv, Sk, Dv]
+    is_causal: bool,
+    scale: float,
+    attn_mask: torch.Tensor | None = None,  # broadcastable to [B, Hq, Sq, Sk], bool or float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (out [B, Hq, Sq, Dv] in q's dtype, lse [B, Hq, Sq] in the math dtype).
+
+    Same scores as the backward. A row that sees no key (no key at all, every key masked, or
+    Hkv = 0) gets out = 0 and lse = -inf, as stock SDPA gives 0 for such rows."""
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k, head_dim_v = k.size(1), k.size(2), v.size(3)
+    math_dtype = _math_dtype(q.dtype)
+    out = q.new_zeros(batch, heads_q, seqlen_q, head_dim_v)
+    lse = torch.full((batch, heads_q, seqlen_q), float("-inf"), dtype=math_dtype,
+                     device=q.device)
+    if out.numel() == 0 and lse.numel() == 0:
+        return out, lse
+    if seqlen_k == 0 or heads_kv == 0:
+        return out, lse  # no query sees any key
+    group = heads_q // heads_kv
+    mask = causal_mask(seqlen_q, seqlen_k, q.device) if is_causal else None
+    full_mask = (expand_mask(attn_mask, batch, heads_q, seqlen_q, seqlen_k)
+                 if attn_mask is not None else None)
+    for b in range(batch):  # one batch element at a time bounds the [Hq, Sq, Sk] scores
+        qb = q[b].to(math_dtype)
+        kb = k[b].to(math_dtype).repeat_interleave(group, dim=0)
+        vb = v[b].to(math_dtype).repeat_interleave(group, dim=0)
+        scores = torch.matmul(qb, kb.transpose(-1, -2)) * scale  # [Hq, Sq, Sk]
+        if full_mask is not None:
+            scores = scores + mask_bias(full_mask[b], math_dtype)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        lseb = torch.logsumexp(scores, dim=-1)  # -inf where a row sees no key
+        finite = torch.where(torch.isfinite(lseb), lseb, torch.zeros_like(lseb))
+        probs = torch.exp(scores - finite.unsqueeze(-1))
+        probs = probs.masked_fill((lseb == float("-inf")).unsqueeze(-1), 0.0)
+        out[b].copy_(torch.matmul(probs, vb))
+        lse[b].copy_(lseb)
+    return out, lse
+
+
 def attention_backward_reference(
     grad_out: torch.Tensor,  # [B, Hq, Sq, Dv]
     q: torch.Tensor,  # [B, Hq, Sq, D]
@@ -59,7 +104,7 @@ def attention_backward_reference(
     heads_kv, seqlen_k = k.size(1), k.size(2)
     if dq.numel() + dk.numel() + dv.numel() == 0:
         return dq, dk, dv
-    if seqlen_q == 0 or seqlen_k == 0:
+    if seqlen_q == 0 or seqlen_k == 0 or heads_kv == 0:
         # No query sees any key: every gradient is zero.
         return dq.zero_(), dk.zero_(), dv.zero_()
 

@@ -1,0 +1,277 @@
+"""A seeded generator of SDPA calls and the comparison of every public entry point with stock
+SDPA against a float64 reference. tests/test_edge_inputs.py runs it on CPU (CI);
+tests/test_cuda_edge_inputs.py runs it on an SM90 GPU for the kernels.
+
+A case covers: sizes with zeros and ones (batch, heads, query / key length, head dim), GQA
+ratios, Sq != Sk, is_causal, dtypes, layouts (contiguous, [B, S, H, D] views, a last dim with
+stride 2), masks (none, bool, additive of query's dtype or fp32, broadcast shapes, rows with
+no visible key, all masked) and scale None or given.
+
+Where stock refuses a call, every entry point must refuse it too. Where the op refuses a call
+stock takes, the refusal must be one of OP_REFUSALS (documented limits of the op's contract).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+import torch_sm90_sdpa
+
+sdpa_op = torch.ops.torch_sm90_sdpa.sdpa
+sdpa_backward_op = torch.ops.torch_sm90_sdpa.sdpa_backward
+
+MASK_KINDS = ("none", "bool [Sq, Sk]", "bool [B, 1, Sq, Sk]", "bool key padding [B, 1, 1, Sk]",
+              "bool per head [B, Hq, Sq, Sk]", "bool rows without keys", "bool all masked",
+              "additive fp32 with -inf", "additive query dtype [B, 1, Sq, Sk]")
+LAYOUTS = ("bhsd", "bshd", "last dim stride 2")
+
+# The op's documented limits where stock SDPA takes the call (message fragments): its
+# contract asks for a contiguous last dim, one head dim for query and value (the fused forward
+# needs Dv == D), and enable_gqa=True when the head counts differ (stock raises there too,
+# with its own message).
+OP_REFUSALS = ("expected a contiguous last dimension", "needs Dv == D", "pass enable_gqa=True")
+
+
+@dataclasses.dataclass
+class Case:
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    dtype: torch.dtype
+    layout: str
+    mask: str
+    is_causal: bool
+    scale: Optional[float]
+    enable_gqa: bool
+    seed: int
+
+    def __str__(self) -> str:
+        return (f"B{self.batch} H{self.heads_q}/{self.heads_kv} S{self.seqlen_q}x{self.seqlen_k} "
+                f"D{self.head_dim} {str(self.dtype)[6:]} {self.layout} mask={self.mask} "
+                f"causal={self.is_causal} scale={self.scale} gqa={self.enable_gqa}")
+
+
+def random_cases(n: int, seed: int, dtypes, head_dims, max_seqlen: int = 19,
+                 max_batch: int = 2) -> list[Case]:
+    """n cases from a seeded generator; sizes 0 and 1 come up often on purpose."""
+    rng = random.Random(seed)
+
+    def size(hi):
+        return rng.choice([0, 1, 1, rng.randint(2, hi), rng.randint(2, hi), rng.randint(2, hi)])
+
+    cases = []
+    for i in range(n):
+        heads_kv = rng.choice([0, 1, 1, 2, 2, 3])
+        group = rng.choice([1, 1, 2, 4])
+        heads_q = heads_kv * group if heads_kv else rng.choice([0, 1, 2])
+        seqlen_q = size(max_seqlen)
+        seqlen_k = seqlen_q if rng.random() < 0.3 else size(max_seqlen)
+        cases.append(Case(
+            batch=rng.choice([0, 1, 1, max_batch]),
+            heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+            head_dim=rng.choice(list(head_dims)),
+            dtype=rng.choice(list(dtypes)),
+            layout=rng.choice(LAYOUTS[:2] * 4 + LAYOUTS[2:]),
+            mask=rng.choice(MASK_KINDS[:1] * 3 + MASK_KINDS[1:]),
+            is_causal=rng.random() < 0.4,
+            scale=rng.choice([None, None, 0.3]),
+            enable_gqa=heads_q != heads_kv or rng.random() < 0.2,
+            seed=seed * 100003 + i,
+        ))
+    return cases
+
+
+def make_inputs(case: Case, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                             Optional[torch.Tensor]]:
+    """q [B, Hq, Sq, D], k / v [B, Hkv, Sk, D] in the case's layout, and its mask."""
+    g = torch.Generator().manual_seed(case.seed)
+    b, hq, hkv, sq, sk, d = (case.batch, case.heads_q, case.heads_kv, case.seqlen_q,
+                             case.seqlen_k, case.head_dim)
+
+    def tensor(heads, seqlen):
+        if case.layout == "bshd":
+            t = torch.randn(b, seqlen, heads, d, generator=g).transpose(1, 2)
+        elif case.layout == "last dim stride 2":
+            t = torch.randn(b, heads, seqlen, 2 * d, generator=g)[..., ::2]
+        else:
+            t = torch.randn(b, heads, seqlen, d, generator=g)
+        return t.to(device=device, dtype=case.dtype)
+
+    q, k, v = tensor(hq, sq), tensor(hkv, sk), tensor(hkv, sk)
+    kind = case.mask
+    if kind == "none":
+        mask = None
+    elif kind == "bool [Sq, Sk]":
+        mask = torch.rand(sq, sk, generator=g) > 0.3
+    elif kind == "bool [B, 1, Sq, Sk]":
+        mask = torch.rand(b, 1, sq, sk, generator=g) > 0.3
+    elif kind == "bool key padding [B, 1, 1, Sk]":
+        mask = torch.arange(sk).view(1, 1, 1, sk) < torch.randint(0, sk + 1, (b, 1, 1, 1),
+                                                                   generator=g)
+    elif kind == "bool per head [B, Hq, Sq, Sk]":
+        mask = torch.rand(b, hq, sq, sk, generator=g) > 0.5
+    elif kind == "bool rows without keys":
+        mask = torch.rand(sq, sk, generator=g) > 0.3
+        mask[: (sq + 1) // 2] = False
+    elif kind == "bool all masked":
+        mask = torch.zeros(sq, sk, dtype=torch.bool)
+    elif kind == "additive fp32 with -inf":
+        mask = torch.randn(sq, sk, generator=g)
+        mask = mask.masked_fill(torch.rand(sq, sk, generator=g) > 0.7, float("-inf"))
+    elif kind == "additive query dtype [B, 1, Sq, Sk]":
+        keep = torch.rand(b, 1, sq, sk, generator=g) > 0.3
+        mask = torch.zeros(b, 1, sq, sk).masked_fill(~keep, float("-inf")).to(case.dtype)
+    else:
+        raise ValueError(kind)
+    return q, k, v, mask.to(device) if mask is not None else None
+
+
+# ---- the entry points ---------------------------------------------------------------------
+
+
+def run_stock(q, k, v, mask, case, grad_out=None):
+    """(out, (dq, dk, dv) or None) from F.scaled_dot_product_attention."""
+    return _run_autograd(lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=case.is_causal, scale=case.scale,
+        enable_gqa=case.enable_gqa), q, k, v, grad_out)
+
+
+def run_drop_in(q, k, v, mask, case, grad_out=None):
+    return _run_autograd(lambda q, k, v: torch_sm90_sdpa.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=case.is_causal, scale=case.scale,
+        enable_gqa=case.enable_gqa), q, k, v, grad_out)
+
+
+def run_op(q, k, v, mask, case, grad_out=None):
+    """The differentiable op `sdpa` (stock forward, our backward through autograd)."""
+    return _run_autograd(lambda q, k, v: sdpa_op(q, k, v, case.is_causal, case.scale,
+                                                 case.enable_gqa, mask)[0], q, k, v, grad_out)
+
+
+def run_op_pair(q, k, v, mask, case, grad_out=None):
+    """`sdpa` forward without autograd, then `sdpa_backward` called directly."""
+    with torch.no_grad():
+        out, lse = sdpa_op(q, k, v, case.is_causal, case.scale, case.enable_gqa, mask)
+        if grad_out is None:
+            return out, None
+        grads = sdpa_backward_op(grad_out, q, k, v, out, lse, case.is_causal, case.scale,
+                                 False, mask)
+    return out, grads
+
+
+ENTRY_POINTS: dict[str, Callable] = {"drop-in": run_drop_in, "sdpa": run_op,
+                                     "sdpa + sdpa_backward": run_op_pair}
+
+
+def _run_autograd(fn, q, k, v, grad_out):
+    if grad_out is None:
+        with torch.no_grad():
+            return fn(q, k, v), None
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    grads = torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
+    grads = tuple(torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves))
+    return out.detach(), grads
+
+
+def outcome(fn):
+    """("ok", result) or ("error", exception)."""
+    try:
+        return "ok", fn()
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        return "error", e
+
+
+# ---- the comparison -----------------------------------------------------------------------
+
+# Slack on top of 2x stock's error, per dtype (relative to the reference's largest magnitude).
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 2e-2,
+             torch.float16: 2e-3}
+
+
+def _err(x, ref) -> float:
+    if ref.numel() == 0:
+        return 0.0
+    diff = (x.to(torch.float64) - ref).abs().max().item()
+    return diff / max(1.0, ref.abs().max().item())
+
+
+def check_case(case: Case, device, entry_points=None, grad_mode: bool = True) -> list[str]:
+    """Runs every entry point and stock on the case; returns what differs (empty: agrees).
+    The reference is stock SDPA on float64 copies of the inputs."""
+    q, k, v, mask = make_inputs(case, device)
+    orig_case, orig_mask = case, mask
+    problems = []
+    go = None
+    if grad_mode:
+        go = torch.randn(q.shape[:3] + v.shape[3:],
+                         generator=torch.Generator().manual_seed(case.seed + 1))
+        go = go.to(device=device, dtype=case.dtype)
+    stock = outcome(lambda: run_stock(q, k, v, mask, case, go))
+    ref = None
+    if stock[0] == "error" and case.is_causal and mask is not None and \
+            "attn_mask should not be set when is_causal" in str(stock[1]):
+        # stock's math path refuses a mask with is_causal; the ops apply both (documented):
+        # stock with the causal mask folded into the mask is what they must give
+        case = dataclasses.replace(case, is_causal=False)
+        mask = _with_causal(mask, case, q.dtype)
+        stock = outcome(lambda: run_stock(q, k, v, mask, case, go))
+        entry_points = {n: (lambda fn: lambda q, k, v, _m, _c, go: fn(q, k, v, orig_mask,
+                                                                       orig_case, go))(fn)
+                        for n, fn in (entry_points or ENTRY_POINTS).items() if n != "drop-in"}
+    if stock[0] == "ok":
+        q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
+        mask64 = mask.to(torch.float64) if mask is not None and mask.is_floating_point() else mask
+        ref = run_stock(q64, k64, v64, mask64, case, go.to(torch.float64) if go is not None
+                        else None)
+    for name, fn in (entry_points or ENTRY_POINTS).items():
+        ours = outcome(lambda: fn(q, k, v, mask, case, go))
+        if stock[0] == "error":
+            if ours[0] == "ok":
+                problems.append(f"{name}: accepted a call stock refuses ({stock[1]})")
+            elif name == "drop-in" and str(ours[1]) != str(stock[1]):
+                problems.append(f"{name}: refused with {ours[1]!r}, stock with {stock[1]!r}")
+            continue
+        if ours[0] == "error":
+            if name == "drop-in" or not any(r in str(ours[1]) for r in OP_REFUSALS):
+                problems.append(f"{name}: refused a call stock takes: {ours[1]!r}")
+            continue
+        (out, grads), (s_out, s_grads), (r_out, r_grads) = ours[1], stock[1], ref
+        pairs = [("out", out, s_out, r_out)]
+        if grads is not None:
+            pairs += [(n, g, sg, rg) for n, g, sg, rg in zip(("dq", "dk", "dv"), grads, s_grads,
+                                                             r_grads)]
+        for what, x, s, r in pairs:
+            if x.shape != s.shape or x.dtype != s.dtype:
+                problems.append(f"{name} {what}: {tuple(x.shape)} {x.dtype}, stock "
+                                f"{tuple(s.shape)} {s.dtype}")
+                continue
+            if bool(x.isnan().any()) != bool(s.isnan().any()):
+                problems.append(f"{name} {what}: NaN where stock has none or the reverse")
+                continue
+            bound = 2 * _err(s, r) + TOLERANCE[case.dtype]
+            if not s.isnan().any() and _err(x, r) > bound:
+                problems.append(f"{name} {what}: error {_err(x, r):.3g} > {bound:.3g} "
+                                f"(stock {_err(s, r):.3g})")
+    return problems
+
+
+def _with_causal(mask, case, dtype):
+    """The mask with SDPA's top-left causal mask applied, in the mask's kind."""
+    causal = torch.ones(case.seqlen_q, case.seqlen_k, dtype=torch.bool,
+                        device=mask.device).tril()
+    if mask.dtype == torch.bool:
+        return mask & causal
+    return mask.masked_fill(~causal, float("-inf"))
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim) if head_dim else 1.0
