@@ -131,6 +131,12 @@ def test_speed_table_runs_file_lists_existing_results(tmp_path):
         speed_table_tool.read_runs(str(tmp_path / "bad.txt"))
 
 
+def test_speed_table_sources_name_the_kept_file_in_their_command():
+    meta = {"command": "benchmarks/bench_bwd.py --extra --json /root/out/x.json --quick"}
+    assert speed_table_tool.command_of(meta, "benchmarks/results/y.json") == (
+        "benchmarks/bench_bwd.py --extra --json benchmarks/results/y.json --quick")
+
+
 def test_speed_table_takes_only_the_head_dims_a_run_is_restricted_to(tmp_path):
     row = dict(causal=True, seqlen=2048, batch=8, heads=16, kv_heads=16, masked=False,
                dtype="bf16", tflops={"ours": 300.0, "cudnn": 400.0})

@@ -13,7 +13,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -67,8 +66,7 @@ def _load(path):
 
 def command(meta, path):
     """The result's command as run from the repository root, --json naming the kept file."""
-    cmd = re.sub(r"--json \S+", f"--json {path}", meta["command"])
-    return f"python3 {cmd}"
+    return f"python3 {speed_table.command_of(meta, path)}"
 
 
 def gpu(meta):

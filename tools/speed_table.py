@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import pprint
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,6 +93,12 @@ def read_runs_file(path: str = RUNS_FILE):
     return [file for file, _ in read_runs(path)]
 
 
+def command_of(meta, path):
+    """A result's command with its --json argument naming the file as kept (the path it was
+    first written to on the GPU machine says nothing here)."""
+    return re.sub(r"--json \S+", lambda _: f"--json {path}", meta["command"])
+
+
 def rows_of(result, source):
     """The gate's rows of one benchmark JSON."""
     bench = result["meta"]["bench"]
@@ -131,7 +138,9 @@ def build(runs):
         path, dims = (entry, None) if isinstance(entry, str) else entry
         with open(path) as f:
             result = json.load(f)
-        sources.append(dict(result["meta"], file=path, **({"head_dims": list(dims)} if dims else {})))
+        meta = dict(result["meta"], command=command_of(result["meta"], path)) \
+            if "command" in result["meta"] else result["meta"]
+        sources.append(dict(meta, file=path, **({"head_dims": list(dims)} if dims else {})))
         for row in rows_of(result, len(sources) - 1):
             if dims and row["head_dim"] not in dims:
                 continue
