@@ -45,7 +45,8 @@ compares both sides of a switch on the whole grid ("/env" = ours / ours_env: und
 switch makes ours faster).
 
 --json writes the rows (TFLOP/s per backend) in the format tools/speed_table.py reads to
-regenerate the speed gate's table (torch_sm90_sdpa/speed_table.py).
+regenerate the speed gate's table (torch_sm90_sdpa/_generated_speed_table.py) and
+tools/benchmarks_md.py reads to write BENCHMARKS.md's tables.
 """
 import argparse
 import math

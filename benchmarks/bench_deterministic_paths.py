@@ -7,7 +7,7 @@ torch.use_deterministic_algorithms(True), against what stock SDPA runs there.
    median backward time (torch.autograd.grad of one forward, retain_graph). Every call is
    synchronized, so "op/in-1" (the op's rate over the drop-in's) is mostly the drop-in's host
    latency before its kernels start (autograd engine, custom-op wrapper), which training hides
-   by running ahead; tools/public_path_probe.py --batched times the two back to back. Each
+   by running ahead; benchmarks/bench_bwd.py --dropin --batched times the two back to back. Each
    row also checks that two drop-in backwards are bitwise identical.
 2. Compiled model steps: a GPT stack (RMSNorm, GQA attention with is_causal=True, SwiGLU MLP;
    hidden 2048, d128, 16 q / 4 kv heads, batch 2 x 8192 tokens), forward + backward + SGD,

@@ -25,7 +25,7 @@ forward, our backward) against F.scaled_dot_product_attention, and F's is_causal
 
 --kv-heads: GQA (k / v with fewer heads, as Llama-style models); --classes prints the share of
 empty / partial / full tiles the classification found for each mask; --fill cudnn makes the
-bias 0 / -65504, as torch 2.11 hands a boolean mask to cuDNN (tools/mask_conversion_probe.py),
+bias 0 / -65504, as torch 2.11 hands a boolean mask to cuDNN (its convert_boolean_attn_mask_cudnn),
 instead of 0 / -inf.
 """
 import argparse

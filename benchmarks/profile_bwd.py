@@ -3,7 +3,7 @@ device time of every kernel per call, for is_causal and for a causal mask passed
 (so the cost of the mask path shows kernel by kernel), or for no mask and an all-zero bias
 (--mask zeros: every tile full, the masked kernel's cost where it has no mask work):
     python benchmarks/profile_bwd.py [--b 2 --h 16 --kv-heads 4 --s 16384 --d 128] [--mask zeros]
---once calls each mode once, unprofiled (for Nsight Compute: tools/device_session.sh ncu).
+--once calls each mode once, unprofiled (for Nsight Compute: tools/gpu.sh ncu).
 Per mode it also prints where a call's time goes when it is timed as bench_bwd / bench_masks
 time it (CUDA events around one call on an idle GPU, median): event wall, the GPU span from the
 first kernel's start to the last one's end, the kernels' own time, so wall - span is the host's

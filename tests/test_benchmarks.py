@@ -1,6 +1,7 @@
 """The benchmarks' pure parts on CPU: the rows benchmarks/bench_bwd.py plans beyond the grid,
-its ratios and geometric means, which of its rows tools/speed_table.py takes for the gate, and
-the readers of Nsight Compute's pages (tools/ncu_top_instructions.py, tools/ncu_summary.py)."""
+its ratios and geometric means, which of its rows tools/speed_table.py takes for the gate,
+BENCHMARKS.md as tools/benchmarks_md.py writes it, and the readers of Nsight Compute's pages
+(tools/ncu_top_instructions.py, tools/ncu_summary.py)."""
 import importlib.util
 import json
 import math
@@ -130,6 +131,12 @@ def test_speed_table_runs_file_lists_existing_results(tmp_path):
         speed_table_tool.read_runs(str(tmp_path / "bad.txt"))
 
 
+def test_speed_table_sources_name_the_kept_file_in_their_command():
+    meta = {"command": "benchmarks/bench_bwd.py --extra --json /root/out/x.json --quick"}
+    assert speed_table_tool.command_of(meta, "benchmarks/results/y.json") == (
+        "benchmarks/bench_bwd.py --extra --json benchmarks/results/y.json --quick")
+
+
 def test_speed_table_takes_only_the_head_dims_a_run_is_restricted_to(tmp_path):
     row = dict(causal=True, seqlen=2048, batch=8, heads=16, kv_heads=16, masked=False,
                dtype="bf16", tflops={"ours": 300.0, "cudnn": 400.0})
@@ -154,6 +161,49 @@ def test_speed_table_files_gqa_rows_by_the_walk_they_ran():
     assert walk(dict(row, heads=8)) == 1  # MHA
     assert walk(dict(row, head_dim=256, kv_heads=2, seqlen=8192)) == 16  # 2 * 2 * 128 CTAs of 64 keys
     assert walk(dict(row, head_dim=256, kv_heads=2, seqlen=4096)) == 1
+
+
+benchmarks_md = _load("benchmarks_md_under_test", "tools/benchmarks_md.py")
+
+
+def test_benchmarks_md_is_what_the_script_prints():
+    """BENCHMARKS.md is generated (python3 tools/benchmarks_md.py -o BENCHMARKS.md) from the
+    result files the speed table is built from: nobody edited its tables by hand."""
+    with open(os.path.join(ROOT, "BENCHMARKS.md")) as f:
+        assert f.read() == benchmarks_md.render()
+
+
+def test_benchmarks_md_shows_each_gpus_newest_pair_and_every_masks_file():
+    runs = speed_table_tool.read_runs_file()
+    bwd, masks = benchmarks_md.select(runs)
+    assert masks == [p for p in runs if "/bench_masks_" in p]
+    assert [device for device, _, _ in bwd][0] == "NVIDIA H200"
+    for device, sync, b2b in bwd:
+        same_gpu = [p for p in runs if "/bench_bwd_" in p
+                    and benchmarks_md._load(p)["meta"]["device"] == device]
+        assert sync == [p for p in same_gpu if p.endswith("_sync.json")][-1]
+        assert b2b == [p for p in same_gpu if p.endswith("_b2b.json")][-1]
+    text = benchmarks_md.render()
+    for path in [p for _, s, b in bwd for p in (s, b)] + masks:
+        assert f"--json {path}`" in text  # each table names the command of its file
+    assert "docs/bench_bwd.png" in text and os.path.isfile(os.path.join(ROOT, "docs", "bench_bwd.png"))
+
+
+def test_result_files_are_named_by_gpu_commit_and_mode():
+    """benchmarks/results/ holds the runs list and the files it names, named by benchmark, GPU,
+    commit and mode (sync / b2b) or head dim."""
+    listed = speed_table_tool.read_runs_file()
+    here = sorted(os.listdir(os.path.join(ROOT, "benchmarks", "results")))
+    assert here == sorted([os.path.basename(p) for p in listed] + ["speed_table_runs.txt"])
+    for path in listed:
+        meta = benchmarks_md._load(path)["meta"]
+        name = os.path.basename(path)
+        gpu = "h200" if "H200" in meta["device"] else "h100"
+        if meta["bench"] == "bench_bwd":
+            mode = "b2b" if "--batched" in meta["command"] else "sync"
+            assert name.startswith(f"bench_bwd_{gpu}_") and name.endswith(f"_{mode}.json"), name
+        else:
+            assert name.startswith(f"bench_masks_{gpu}_{meta['commit']}_d"), name
 
 
 plot_bwd = _load("plot_bwd_under_test", "tools/plot_bwd.py")
@@ -302,20 +352,6 @@ def test_ab_env_column_runs_ours_with_the_variable_set(monkeypatch):
     assert math.isclose(r["ours_env"], 500.0 / 520.0) and r["best"] == 1.25
     assert "ours_env" in bench_bwd.ratio_keys(dict(bench_bwd.BACKENDS, ours_env=None))
     assert "ours_env" not in bench_bwd.ratio_keys(bench_bwd.BACKENDS)
-
-
-def test_section_probe_model_and_rule():
-    """tools/section_probe.py's list-scheduling model: equal tiles on enough SMs finish with
-    the longest; a causal grid whose last section is partial (32 heads in sections of 3) is
-    less balanced than sections of 2; the rule's count is the L2 share, then a power of two."""
-    probe = _load("section_probe_under_test", "tools/section_probe.py")
-    assert probe.model_balance(1, 4, 1, 1.0, sms=8, fixed=0.0) == 2.0  # 4 tiles on 8 SMs: half idle
-    assert probe.model_balance(1, 132, 132, 1.0, sms=132, fixed=0.0) == 1.0  # one wave
-    three, two = (probe.model_balance(64, 32, hps, 1.6, sms=132, fixed=2.0) for hps in (3, 2))
-    assert 1.0 <= two < three
-    assert probe.l2_section_heads(128, 8192, 32, 50 << 20) == 3 and probe.pow2_floor(3) == 2
-    assert probe.l2_section_heads(128, 512, 8, 50 << 20) == 8  # no more than the heads
-    assert [probe.pow2_floor(x) for x in (1, 2, 7, 8, 25)] == [1, 2, 4, 8, 16]
 
 
 ncu_top = _load("ncu_top_instructions_under_test", "tools/ncu_top_instructions.py")

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# On the GPU machine (the last call of tools/fetch_fa4.sh's three): join build/fa4/part1 and
-# part1b (left by the calls before, on this same machine) and part2, check the archive, and install its
-# wheels offline into build/fa4_deps (for bench_bwd.py --fa4, put the two folders it prints on
-# PYTHONPATH).
+# Install FlashAttention-4 offline on the GPU machine for bench_bwd.py --fa4 (tools/fetch_fa4.sh).
+# The last of fetch_fa4.sh's three carries: join build/fa4/part1 and part1b (left by the
+# commands before, on this same machine) and part2, check the archive, and install its wheels
+# offline into build/fa4_deps (put the two folders it prints on PYTHONPATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! ls build/fa4/part1/wheels.tar.part00 > /dev/null 2>&1; then
-  echo "tools/fa4_install.sh: build/fa4/part1 is not here (a fresh machine: carry it again, then call 2 at once)" >&2
+  echo "tools/fa4_install.sh: build/fa4/part1 is not here (a fresh machine: carry it again, then part1b at once)" >&2
   exit 3
 fi
 tmp=$(mktemp -d)

@@ -7,16 +7,16 @@
 #   build/fa4/part1/   the wheels' first 48 MiB
 #   build/fa4/part1b/  the next 48 MiB
 #   build/fa4/part2/   the rest and the archive's checksum
-#     bash tools/fetch_fa4.sh [flash-attn-4 version, default 4.0.0b36 (FACTS.md's measurement)]
-# On the GPU machine, three device calls back to back, each while the machine is still warm
-# (ignored files a call leaves stay for the next call on the same machine):
-#   1. carry build/fa4/part1: nothing to run (`true`)
-#   2. carry build/fa4/part1b: nothing to run (`true`)
-#   3. carry build/fa4/part2 and .whl (and build/carry_gz for tools/fa4_side_call.sh):
-#      bash tools/fa4_install.sh && D=$PWD/build/fa4_deps &&
-#        PYTHONPATH=$D/nvidia_cutlass_dsl/dsl_packages:$D:... python3 benchmarks/bench_bwd.py --fa4
-# tools/fa4_install.sh stops with a message when call 1's part is gone (a fresh machine).
-# (Until the thirty-third session: two parts of 56 MiB, which a 9 MiB tree no longer fits.)
+#     bash tools/fetch_fa4.sh [flash-attn-4 version, default 4.0.0b36]
+# On the GPU machine, three commands back to back while the machine stays warm (ignored files a
+# command leaves stay for the next one on the same machine):
+#   carry build/fa4/part1: nothing to run (`true`)
+#   carry build/fa4/part1b: nothing to run (`true`)
+#   carry build/fa4/part2, .whl (and build/carry_gz, a build to reuse):
+#      tools/gpu.sh build "$OUT" && bash tools/fa4_install.sh && D=$PWD/build/fa4_deps &&
+#        PYTHONPATH=$D/nvidia_cutlass_dsl/dsl_packages:$D:$PWD/build/gpu_deps:$PWD \
+#        python3 benchmarks/bench_bwd.py --fa4 --dims 64,128 --seqs 2048,8192,16384 --no-gqa
+# tools/fa4_install.sh stops with a message when the first part is gone (a fresh machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=${1:-4.0.0b36}

@@ -1,5 +1,4 @@
-"""Headline figures from Nsight Compute CSV pages, for the device-call scripts
-(tools/ncu_main_call.sh, tools/ncu_peer_call.sh):
+"""Headline figures from Nsight Compute CSV pages (tools/gpu.sh ncu prints them):
     python tools/ncu_summary.py details DETAILS.csv TAG   the headline metrics of each kernel
     python tools/ncu_summary.py raw RAW.csv               the longest kernel's warp stall samples
                                                           by reason and its pipes' utilization

@@ -1,7 +1,9 @@
-"""A PNG of backward TFLOP/s against sequence length, one panel per head dim (full and causal
-lines per backend), from the JSON that benchmarks/bench_bwd.py --json writes:
+"""Plot a bench_bwd.py --json file: backward TFLOP/s against sequence length, as a PNG.
 
-    python tools/plot_bwd.py benchmarks/results/bench_bwd.json -o docs/bench_bwd.png
+One panel per head dim (full and causal lines per backend), from the JSON that
+benchmarks/bench_bwd.py --json writes:
+
+    python tools/plot_bwd.py benchmarks/results/bench_bwd_h200_c4cc88a_sync.json -o docs/bench_bwd.png
 
 Only the grid's rows are plotted (bf16, as many kv heads as q heads); the title names the run
 (device, commit, date from the JSON's meta). Needs matplotlib (a tool-only dependency: the

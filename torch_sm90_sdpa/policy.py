@@ -45,7 +45,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from . import _extension, _validation, speed_table
+from . import _extension, _validation, _generated_speed_table as speed_table
 
 # The kernels have a deterministic mode (dQ, and GQA dK / dV, added in a fixed order), so
 # calls under torch.use_deterministic_algorithms(True) are served. Part of the routing

@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# The GPU-machine driver: build, GPU tests, benchmarks, compute-sanitizer, Nsight Compute.
+#
+#   tools/gpu.sh COMMAND[,COMMAND...] OUTDIR
+#
+# Commands (run in the order given; every one but `build` builds first when no usable build is
+# here):
+#   build     the offline wheels, then torch_sm90_sdpa._C in place with every core
+#             (MAX_JOBS=$(nproc) unless set; TORCH_SM90_SDPA_HEAD_DIMS / _DTYPES / _NVCC_FLAGS
+#             honored), its SASS summary, and the build gzipped into OUTDIR/prebuilt/
+#   test      the GPU suite: pytest (-n 8 with pytest-xdist when installed) on `tests`, or on
+#             TESTS (e.g. TESTS="tests/test_cuda_deterministic.py -k gqa"); PYTEST_TIMEOUT_S
+#             bounds it
+#   bench     benchmarks/bench_bwd.py --extra --dropin, synchronized, then back to back
+#             (--batched 5 --reps 6): OUTDIR/bench_bwd_sync.json and bench_bwd_b2b.json, the
+#             files benchmarks/results/ keeps (BENCH_ARGS replaces --extra --dropin)
+#   masks     benchmarks/bench_masks.py --fill cudnn --classes at d64 / d128 / d256 (the speed
+#             gate's masked rows): OUTDIR/bench_masks_d<D>.json
+#   sanitize  compute-sanitizer memcheck and racecheck on tools/sanitize_case.py
+#   ncu       Nsight Compute (--set full) of the main kernel's first launch in
+#             benchmarks/profile_bwd.py --once, per case of NCU_CASES (';'-separated
+#             profile_bwd arguments): headline metrics (tools/ncu_summary.py) and the top SASS
+#             instructions by stalls and shared wavefronts (tools/ncu_top_instructions.py);
+#             build with TORCH_SM90_SDPA_NVCC_FLAGS=-lineinfo to map SASS to source lines
+#   all       build, test, sanitize, bench
+#
+# Environment:
+#   GIT_COMMIT  the commit of the tree sent, recorded in the benchmarks' JSON meta and the
+#               summary (the GPU machine's copy of .git may lag): set it,
+#               GIT_COMMIT=$(git rev-parse --short HEAD)
+#   .whl/       wheels the GPU machine lacks (nvidia-cutlass, expecttest, ...; it has no
+#               internet): carry the folder; they are installed with pip --no-index --target
+#               build/gpu_deps, which goes on PYTHONPATH
+#   build/carry_gz/  a previous call's OUTDIR/prebuilt/ (the .so gzipped, _build_config.py,
+#               prebuilt_sources.sha1), carried to skip the build; it is used only when its
+#               hash matches these C++ sources. A build left on a warm machine is reused alike;
+#               FORCE_BUILD=1 builds anyway.
+# Logs go to OUTDIR (build.log, tests.log, junit.xml, bench_*.txt, sanitize_*.txt, ncu_*); the
+# last lines printed, and OUTDIR/summary.txt, are one line per step.
+set -uo pipefail
+if [ $# -ne 2 ]; then
+  sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+COMMANDS=$1
+mkdir -p "$2"
+OUT=$(cd "$2" && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+PY=${PYTHON:-python3}
+DEPS="$ROOT/build/gpu_deps"
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export PYTHONPATH="$DEPS:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+if [ -z "${GIT_COMMIT:-}" ]; then
+  GIT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git diff --quiet HEAD 2>/dev/null || GIT_COMMIT="$GIT_COMMIT-dirty"
+  echo "[gpu.sh] GIT_COMMIT not set: $GIT_COMMIT from this copy's git (may be stale)"
+fi
+export GIT_COMMIT
+t0=$(date +%s)
+status=0
+built=0
+stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUT/summary.txt"; }
+fail() { status=1; stamp "$@"; }
+
+# ---- the offline wheels -------------------------------------------------------------------
+install_wheels() {
+  "$PY" -c "import cutlass_library, expecttest" > /dev/null 2>&1 && return 0
+  shopt -s nullglob
+  local wheels=(.whl/*.whl)
+  shopt -u nullglob
+  if [ ${#wheels[@]} -eq 0 ]; then
+    fail "wheels: cutlass_library / expecttest missing and no .whl/*.whl here (carry .whl)"
+    return 1
+  fi
+  mkdir -p "$DEPS"
+  if "$PY" -m pip install -q --no-index --no-deps --upgrade --target "$DEPS" "${wheels[@]}" \
+      > "$OUT/pip.log" 2>&1; then
+    stamp "wheels: ${#wheels[@]} installed into build/gpu_deps"
+  else
+    fail "wheels: pip install failed (pip.log)"
+    return 1
+  fi
+}
+
+# ---- the build ----------------------------------------------------------------------------
+# The C++ sources' content hash: a build is reused only when it was made from these sources.
+sources_sha1() {
+  find csrc registration setup.py -type f ! -path 'csrc/instantiations/*' -print0 | sort -z \
+    | xargs -0 cat | sha1sum | cut -c1-40
+}
+so_here() {
+  ls torch_sm90_sdpa/_C.cpython-"$("$PY" -c 'import sys; print("%d%d" % sys.version_info[:2])')"*.so \
+    2> /dev/null | head -n 1
+}
+unpack_carry() {
+  local gz
+  gz=$(ls build/carry_gz/_C*.so.gz 2> /dev/null | head -n 1)
+  [ -n "$gz" ] || return 0
+  gunzip -c "$gz" > "torch_sm90_sdpa/$(basename "$gz" .gz)"
+  cp build/carry_gz/_build_config.py build/carry_gz/prebuilt_sources.sha1 torch_sm90_sdpa/
+  stamp "build: unpacked the carried build/carry_gz"
+}
+usable_build() {
+  [ "${FORCE_BUILD:-0}" != 1 ] && [ -n "$(so_here)" ] && [ -f torch_sm90_sdpa/_build_config.py ] \
+    && [ "$(cat torch_sm90_sdpa/prebuilt_sources.sha1 2> /dev/null)" = "$(sources_sha1)" ]
+}
+do_build() {
+  install_wheels || return 1
+  nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+  unpack_carry
+  if usable_build; then
+    stamp "build: reused $(so_here) (built from these sources)"
+  else
+    local t
+    t=$(date +%s)
+    TORCH_SM90_SDPA_BUILD_CUDA=1 "$PY" setup.py build_ext --inplace > "$OUT/build.log" 2>&1
+    local rc=$?
+    if [ "$rc" -ne 0 ]; then
+      fail "build: FAILED (exit $rc, build.log)"
+      return 1
+    fi
+    sources_sha1 > torch_sm90_sdpa/prebuilt_sources.sha1
+    stamp "build: ok in $(( $(date +%s) - t )) s (MAX_JOBS=$MAX_JOBS," \
+          "HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:-default}, DTYPES=${TORCH_SM90_SDPA_DTYPES:-default}," \
+          "$(grep -c -E 'warning' "$OUT/build.log") warning lines)"
+  fi
+  local so
+  so=$(so_here)
+  if command -v cuobjdump > /dev/null 2>&1; then  # wgmma present in every main kernel?
+    cuobjdump -sass "$so" 2> /dev/null | "$PY" -c '
+import re, sys
+counts, name = {}, None
+for line in sys.stdin:
+    m = re.search(r"Function : (\S+)", line)
+    if m:
+        name = m.group(1); counts.setdefault(name, [0, 0]); continue
+    if name is not None and "HGMMA" in line: counts[name][0] += 1
+    if name is not None and re.search(r"/\*[0-9a-f]{4,}\*/", line): counts[name][1] += 1
+print(f"{len(counts)} kernels; HGMMA instructions / SASS instructions per kernel:")
+for n, (h, t) in sorted(counts.items()):
+    print(f"  {h:6d} / {t:7d}  {n}")
+' > "$OUT/sass_summary.txt" 2>&1
+  fi
+  mkdir -p "$OUT/prebuilt"  # (files come back at most 16 MiB each: the .so gzipped)
+  gzip -c "$so" > "$OUT/prebuilt/$(basename "$so").gz"
+  cp torch_sm90_sdpa/_build_config.py torch_sm90_sdpa/prebuilt_sources.sha1 "$OUT/prebuilt/"
+  built=1
+}
+ensure_built() {  # (a failed build is not tried again by the later steps)
+  [ "$built" = 1 ] && return 0
+  [ "$built" = 2 ] && return 1
+  do_build || { built=2; return 1; }
+}
+
+# ---- the steps ----------------------------------------------------------------------------
+do_test() {
+  ensure_built || return 1
+  local args=()
+  if [ -n "${TESTS:-}" ]; then read -r -a args <<< "$TESTS"; else args=(tests); fi
+  if "$PY" -c "import xdist" > /dev/null 2>&1; then args=(-n "${TEST_WORKERS:-8}" "${args[@]}"); fi
+  timeout "${PYTEST_TIMEOUT_S:-0}" "$PY" -m pytest -q -rfE -p no:cacheprovider \
+    --junitxml="$OUT/junit.xml" "${args[@]}" > "$OUT/tests.log" 2>&1
+  local rc=$?
+  [ "$rc" -eq 0 ] || status=1
+  stamp "test (${args[*]}): exit $rc, $(tail -n 1 "$OUT/tests.log")"
+}
+bench_one() {  # NAME [bench_bwd arguments]
+  local name=$1
+  shift
+  # shellcheck disable=SC2086
+  "$PY" benchmarks/bench_bwd.py ${BENCH_ARGS:---extra --dropin} "$@" --json "$OUT/$name.json" \
+    > "$OUT/$name.txt" 2>&1
+  local rc=$?
+  [ "$rc" -eq 0 ] || status=1
+  stamp "$name: exit $rc; $(grep -E 'ours / cudnn:|public paths|paths agree' "$OUT/$name.txt" | tr '\n' ';')"
+}
+do_bench() {
+  ensure_built || return 1
+  bench_one bench_bwd_sync
+  bench_one bench_bwd_b2b --batched 5 --reps 6
+}
+do_masks() {
+  ensure_built || return 1
+  local spec d kv seqs
+  for spec in "64 8 1024,2048,4096,8192,16384" "128 4 1024,2048,4096,8192,16384" \
+              "256 2 1024,2048,4096,8192,16384"; do
+    read -r d kv seqs <<< "$spec"
+    "$PY" benchmarks/bench_masks.py --fill cudnn --classes --head-dim "$d" --kv-heads "$kv" \
+      --seqs "$seqs" --json "$OUT/bench_masks_d$d.json" > "$OUT/bench_masks_d$d.txt" 2>&1
+    local rc=$?
+    [ "$rc" -eq 0 ] || status=1
+    stamp "bench_masks d$d: exit $rc"
+  done
+}
+do_sanitize() {
+  ensure_built || return 1
+  local tool
+  for tool in memcheck racecheck; do
+    timeout "${SANITIZE_TIMEOUT_S:-300}" compute-sanitizer --tool "$tool" \
+      "$PY" tools/sanitize_case.py > "$OUT/sanitize_$tool.txt" 2>&1
+    local rc=$?
+    [ "$rc" -eq 0 ] || status=1
+    stamp "sanitize $tool: exit $rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.txt" | tail -n 1)"
+  done
+}
+do_ncu() {
+  ensure_built || return 1
+  local cases args i=0 rep
+  IFS=';' read -r -a cases <<< "${NCU_CASES:---d 128 --b 2 --h 16 --s 8192 --mask zeros;--d 128 --b 2 --h 16 --s 8192 --mask causal}"
+  for args in "${cases[@]}"; do
+    i=$((i + 1))
+    rep="$OUT/ncu_$i"
+    # shellcheck disable=SC2086
+    timeout 300 ncu --clock-control none --set full --import-source yes -k 'regex:bwd_main_kernel' \
+      -c 1 -f -o "$rep" "$PY" benchmarks/profile_bwd.py --once $args > "$rep.log" 2>&1
+    local rc=$?
+    [ "$rc" -eq 0 ] || status=1
+    ncu --import "$rep.ncu-rep" --page details --csv > "${rep}_details.csv" 2>&1
+    ncu --import "$rep.ncu-rep" --page source --csv --print-source sass > "${rep}_source.csv" 2>&1
+    ncu --import "$rep.ncu-rep" --page raw --csv > "${rep}_raw.csv" 2>&1
+    { echo "case: $args"
+      "$PY" tools/ncu_summary.py details "${rep}_details.csv" "$i"
+      "$PY" tools/ncu_summary.py raw "${rep}_raw.csv"
+      "$PY" tools/ncu_top_instructions.py "${rep}_source.csv" --top 25
+    } > "${rep}_summary.txt" 2>&1
+    gzip -f "${rep}_source.csv" "${rep}_raw.csv"  # (large pages: files come back at most 16 MiB)
+    stamp "ncu [$args]: exit $rc (ncu_${i}_summary.txt)"
+  done
+}
+
+: > "$OUT/summary.txt"
+stamp "tools/gpu.sh $COMMANDS at $GIT_COMMIT on $(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1)"
+IFS=',' read -r -a steps <<< "$COMMANDS"
+for step in "${steps[@]}"; do
+  case "$step" in
+    build) do_build ;;
+    test) do_test ;;
+    bench) do_bench ;;
+    masks) do_masks ;;
+    sanitize) do_sanitize ;;
+    ncu) do_ncu ;;
+    all) do_build && do_test; do_sanitize; do_bench ;;
+    *) fail "unknown command '$step' (build, test, bench, masks, sanitize, ncu, all)" ;;
+  esac
+done
+stamp "result: $([ "$status" -eq 0 ] && echo PASS || echo FAIL), logs in $OUT"
+exit "$status"
