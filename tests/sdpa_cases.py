@@ -138,7 +138,14 @@ def make_inputs(case: Case, device) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 
 def run_stock(q, k, v, mask, case, grad_out=None):
-    """(out, (dq, dk, dv) or None) from F.scaled_dot_product_attention."""
+    """(out, (dq, dk, dv) or None) from F.scaled_dot_product_attention. Key heads 0:
+    torch 2.13's answer (zeros; it takes any such call), computed here, as stock before
+    2.13 ends the process on it (a division by zero)."""
+    if q.dim() == k.dim() == 4 and k.size(1) == 0:
+        out = q.new_zeros(q.shape[:3] + v.shape[3:])
+        if grad_out is None:
+            return out, None
+        return out, (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
     return _run_autograd(lambda q, k, v: F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=case.is_causal, scale=case.scale,
         enable_gqa=case.enable_gqa), q, k, v, grad_out)
@@ -228,9 +235,16 @@ def check_case(case: Case, device, entry_points=None, grad_mode: bool = True) ->
                                                                        orig_case, go))(fn)
                         for n, fn in (entry_points or ENTRY_POINTS).items() if n != "drop-in"}
     if stock[0] == "ok":
+        # the float64 reference runs stock's math path, which takes a mask or is_causal, not
+        # both: the causal cut folded into the mask
+        ref_case, ref_mask = case, mask
+        if case.is_causal and mask is not None:
+            ref_case, ref_mask = dataclasses.replace(case, is_causal=False), _with_causal(
+                mask, case, q.dtype)
         q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
-        mask64 = mask.to(torch.float64) if mask is not None and mask.is_floating_point() else mask
-        ref = run_stock(q64, k64, v64, mask64, case, go.to(torch.float64) if go is not None
+        if ref_mask is not None and ref_mask.is_floating_point():
+            ref_mask = ref_mask.to(torch.float64)
+        ref = run_stock(q64, k64, v64, ref_mask, ref_case, go.to(torch.float64) if go is not None
                         else None)
     for name, fn in (entry_points or ENTRY_POINTS).items():
         ours = outcome(lambda: fn(q, k, v, mask, case, go))

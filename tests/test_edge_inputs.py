@@ -45,8 +45,13 @@ def test_empty_sizes_give_stocks_result(name, masked):
     q, k, v = (torch.randn(b, h, s, d) for h, s in ((hq, sq), (hkv, sk), (hkv, sk)))
     mask = torch.rand(sq, sk) > 0.5 if masked else None
     ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
-    ref = F.scaled_dot_product_attention(ql, kl, vl, attn_mask=mask, enable_gqa=True)
-    ref.backward(torch.ones_like(ref))
+    if hkv == 0:  # stock before torch 2.13 ends the process here; 2.13 gives zeros
+        ref = torch.zeros(b, hq, sq, d)
+        for t in (ql, kl, vl):
+            t.grad = torch.zeros_like(t)
+    else:
+        ref = F.scaled_dot_product_attention(ql, kl, vl, attn_mask=mask, enable_gqa=True)
+        ref.backward(torch.ones_like(ref))
     for fn in (torch_sm90_sdpa.scaled_dot_product_attention,
                lambda q, k, v, **kw: torch.ops.torch_sm90_sdpa.sdpa(
                    q, k, v, False, None, True, kw["attn_mask"])[0]):
@@ -58,11 +63,12 @@ def test_empty_sizes_give_stocks_result(name, masked):
             torch.testing.assert_close(ours.grad, stock.grad)
 
 
-@pytest.mark.parametrize("name", ["no query", "no key", "no batch", "no head",
-                                  "one query, one key"])
+@pytest.mark.parametrize("name", ["no query", "no key", "no batch", "one query, one key"])
 def test_compile_route_with_empty_sizes(name):
     """torch.compile with the CPU route on: stock's result and gradients. Stock's forward makes
-    no fused node for an empty size (nothing to route); a 1 x 1 call is routed to our op."""
+    no fused node for an empty size (nothing to route); a 1 x 1 call is routed to our op.
+    (No key head is left out: the compiled graph keeps stock's forward, which ends the process
+    there before torch 2.13.)"""
     b, hq, hkv, sq, sk, d = EMPTY_SHAPES[name]
     q, k, v = (torch.randn(b, h, s, d) for h, s in ((hq, sq), (hkv, sk), (hkv, sk)))
     weight = torch.randn(b, hq, sq, d)  # (a sum's expanded gradient is not routed)

@@ -75,12 +75,22 @@ def _stock_takes_differently(query, key, value, attn_mask, scale) -> str | None:
 
 def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
                        is_causal=False, scale=None) -> str | None:
+    tensors = all(isinstance(t, torch.Tensor) for t in (query, key, value))
+    if tensors and all(t.dim() == 4 for t in (query, key, value)) and key.size(1) == 0 and \
+            query.device.type in ("cpu", "cuda"):
+        # No key head: every query sees no key (out 0, zero gradients). Served in every grad
+        # mode, with any mask, is_causal or dropout: stock SDPA before torch 2.13 ends the
+        # process here with a division by zero; the op gives what 2.13 gives.
+        if attn_mask is not None and (not isinstance(attn_mask, torch.Tensor) or
+                                      attn_mask.dtype not in MASK_DTYPES):
+            return "attn_mask of a dtype the kernels do not read"
+        return _stock_takes_differently(query, key, value, attn_mask, scale)
     why = _mask_unservable_reason(attn_mask, is_causal)
     if why is not None:
         return why
     if dropout_p != 0.0:
         return "dropout_p > 0"
-    if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+    if not tensors:
         return "query/key/value are not all tensors"
     if not all(t.dim() == 4 for t in (query, key, value)):
         return "query/key/value are not all 4-D"
