@@ -106,7 +106,8 @@ TILES_FULL: Dict[int, Tile] = {
 # registration/bwd_device.cpp)
 assert all(t.block_n == TILES[d].block_n for d, t in TILES_FULL.items())
 # run_bwd_main's choice for a dense call that is not deterministic: the full tile past this
-# many queries (kFullTileMinQueries in csrc/bwd_params.h), else the default tile
+# many queries, else the default tile. The one statement of the number: tile_configs_header()
+# writes it into C++ as sm90_sdpa::kFullTileMinQueries.
 FULL_TILE_MIN_QUERIES = 768
 
 
@@ -284,7 +285,8 @@ def variants_header(selected: Sequence[Variant], main_kernel: bool) -> str:
 
 
 def tile_configs_header() -> str:
-    """DefaultBwdConfig<D> for every head dim of TILES (included by kernel/bwd_config.h)."""
+    """DefaultBwdConfig<D> for every head dim of TILES, FullBwdConfig<D> of TILES_FULL and
+    kFullTileMinQueries (included by kernel/bwd_config.h)."""
     lines = [
         HEADER_NOTE,
         "// The main kernel's tile per head dim (TILES in csrc/generate_instantiations.py).\n",
@@ -305,7 +307,12 @@ def tile_configs_header() -> str:
     for d, t in sorted(TILES_FULL.items()):
         lines.append(f"template <> struct FullBwdConfig<{d}>\n    : {config(d, t)} {{\n"
                      "  static constexpr bool kHasFullTile = true;\n};\n")
-    lines.append("\n}  // namespace kernel\n}  // namespace sm90_sdpa\n")
+    lines.append("\n}  // namespace kernel\n\n")
+    lines.append("// run_bwd_main's choice for a dense call that is not deterministic: a head dim's full\n"
+                 "// tile (FullBwdConfig<D>) past this many queries, else the default tile\n"
+                 "// (FULL_TILE_MIN_QUERIES).\n"
+                 f"constexpr int kFullTileMinQueries = {FULL_TILE_MIN_QUERIES};\n\n"
+                 "}  // namespace sm90_sdpa\n")
     return "".join(lines)
 
 
