@@ -184,8 +184,9 @@ void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
   if constexpr (Full::kHasFullTile) {
     // causal and full calls (causal measured 3% faster at 8k keys on d128's 80 x 128 tile);
     // the tile classes and the deterministic semaphores are laid out by the default tile
-    // (up to 768 queries the default tile: its 64-row m-blocks divide 512 exactly where the
-    // 80-row ones round 512 up to 560, 9% of padded rows)
+    // (up to kFullTileMinQueries queries the default tile, instantiations/tile_configs.h: its
+    // 64-row m-blocks divide 512 exactly where the 80-row ones round 512 up to 560, 9% of
+    // padded rows)
     if (!params.deterministic && params.seqlen_q > kFullTileMinQueries) {
       launch_bwd_main<kDType, kHeadDim, false, Full>(params, stream);
       return;

@@ -47,10 +47,6 @@ constexpr bool dq_accum_permuted_for(int head_dim) {
   return head_dim == 64 || head_dim == 192 || head_dim == 256;
 }
 
-// Calls of more queries than this that are not deterministic run a head dim's full tile
-// (FullBwdConfig<D>, where TILES_FULL has one: run_bwd_main); up to it, the default tile.
-constexpr int kFullTileMinQueries = 768;
-
 // Whether the main kernel of a head dim can run persistent CTAs (its dK / dV epilogue tiles fit
 // outside the mainloop's shared memory: BwdKernel::kPersistentCapable, which
 // launch_bwd_main checks against this). The device layer plans the split tail with it. Every

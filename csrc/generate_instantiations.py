@@ -46,7 +46,8 @@ _DTYPE_ALIASES = {
 
 
 class Tile(NamedTuple):
-    """Arguments of sm90_sdpa::kernel::BwdTileConfig (csrc/kernel/bwd_config.h)."""
+    """Arguments of sm90_sdpa::kernel::BwdTileConfig (csrc/kernel/bwd_config.h); the tables
+    below name every field (Tile(block_m=..., ...)), never rely on their order."""
 
     block_m: int        # query rows per m-block
     block_n: int        # key rows per CTA
@@ -68,36 +69,45 @@ class Tile(NamedTuple):
 # The main kernel's tile per head dim (bf16 and fp16 share it); its keys are the head dims
 # that can be built.
 TILES: Dict[int, Tile] = {
-    64: Tile(128, 128, 2, 2, 2, 2, True, False, 1, 2, 2, 1),
-    96: Tile(64, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1),
-    128: Tile(64, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1),
-    192: Tile(64, 64, 2, 2, 2, 1, False, True, 1, 2, 1, 1),
-    256: Tile(64, 64, 2, 2, 1, 1, False, True, 1, 1, 1, 2, False, True, True),
+    64: Tile(block_m=128, block_n=128, mma_wg=2, stages_q=2, stages_do=2, stages_ds=2,
+             swap_sdp=True, swap_dkv=False, atom_m_sdp=1, atom_n_dkv=2, atom_m_dq=2, dq_slices=1),
+    96: Tile(block_m=64, block_n=128, mma_wg=2, stages_q=2, stages_do=2, stages_ds=2,
+             swap_sdp=True, swap_dkv=False, atom_m_sdp=1, atom_n_dkv=2, atom_m_dq=1, dq_slices=1),
+    128: Tile(block_m=64, block_n=128, mma_wg=2, stages_q=2, stages_do=2, stages_ds=2,
+              swap_sdp=True, swap_dkv=False, atom_m_sdp=1, atom_n_dkv=2, atom_m_dq=1, dq_slices=1),
+    192: Tile(block_m=64, block_n=64, mma_wg=2, stages_q=2, stages_do=2, stages_ds=1,
+              swap_sdp=False, swap_dkv=True, atom_m_sdp=1, atom_n_dkv=2, atom_m_dq=1, dq_slices=1),
+    256: Tile(block_m=64, block_n=64, mma_wg=2, stages_q=2, stages_do=1, stages_ds=1,
+              swap_sdp=False, swap_dkv=True, atom_m_sdp=1, atom_n_dkv=1, atom_m_dq=1, dq_slices=2,
+              swap_dq=False, sdp_by_wg=True, dkv_stmatrix=True),
 }
 # d256's dK / dV (swapped, M = the head dim): atom_n_dkv 1, the warpgroups split the head dim
 # and each takes all 64 keys (two m64n64k16 per k-step: 8 KB of shared-memory operands per 64
 # tensor cycles, what shared memory serves); split along the keys (2, d192's), each issues four
 # m64n32k16 (12 KB per 64 cycles, 1.5x over). Main kernel 1-5% faster on every FA-grid d256
-# row (A/B, twenty-seventh session). d192 keeps 2: its three m64 atoms do not split in two.
+# row (A/B of b63d144). d192 keeps 2: its three m64 atoms do not split in two.
 # d256's sdp_by_wg: S on warpgroup 0 and dP on warpgroup 1, each over the whole 64 x 64 tile
 # (Q, dO, K, V read once per m-block, not Q and dO once per warpgroup); main kernel 0.2-4.7%
-# faster on every FA-grid d256 row (A/B, twenty-eighth session).
+# faster on every FA-grid d256 row (A/B of f70d11f).
 # d256's dkv_stmatrix: the epilogue writes dK^T / dV^T into the (keys, head dim) tile with
 # stmatrix .trans (16-byte rows) instead of one 16-bit store per element; main kernel 1.3-22%
-# faster on every FA-grid d256 row, most at short lengths (A/B, twenty-ninth session). d192
-# measured level to 1.3% slower with it (its spill grew) and keeps the element-wise stores.
+# faster on every FA-grid d256 row, most at short lengths (A/B of 9941635). d192 measured
+# level to 1.3% slower with it (its spill grew) and keeps the element-wise stores.
 # Head dims whose dense kernel has a tile of its own for calls that are not deterministic
 # (causal or full; FullBwdConfig<D>: a third kernel in bwd_main_<dtype>_hdim<D>_full.cu). The
 # masked and deterministic kernels keep TILES' tile: the mask classification and the
 # deterministic semaphores are laid out by it.
 TILES_FULL: Dict[int, Tile] = {
-    128: Tile(80, 128, 2, 2, 2, 2, True, False, 1, 2, 1, 1, True),
+    128: Tile(block_m=80, block_n=128, mma_wg=2, stages_q=2, stages_do=2, stages_ds=2,
+              swap_sdp=True, swap_dkv=False, atom_m_sdp=1, atom_n_dkv=2, atom_m_dq=1, dq_slices=1,
+              swap_dq=True),
 }
 # (a full tile keeps the default tile's key block: the split tail's workspace is sized by it,
 # registration/bwd_device.cpp)
 assert all(t.block_n == TILES[d].block_n for d, t in TILES_FULL.items())
 # run_bwd_main's choice for a dense call that is not deterministic: the full tile past this
-# many queries (kFullTileMinQueries in csrc/bwd_params.h), else the default tile
+# many queries, else the default tile. The one statement of the number: tile_configs_header()
+# writes it into C++ as sm90_sdpa::kFullTileMinQueries.
 FULL_TILE_MIN_QUERIES = 768
 
 
@@ -275,7 +285,8 @@ def variants_header(selected: Sequence[Variant], main_kernel: bool) -> str:
 
 
 def tile_configs_header() -> str:
-    """DefaultBwdConfig<D> for every head dim of TILES (included by kernel/bwd_config.h)."""
+    """DefaultBwdConfig<D> for every head dim of TILES, FullBwdConfig<D> of TILES_FULL and
+    kFullTileMinQueries (included by kernel/bwd_config.h)."""
     lines = [
         HEADER_NOTE,
         "// The main kernel's tile per head dim (TILES in csrc/generate_instantiations.py).\n",
@@ -296,7 +307,12 @@ def tile_configs_header() -> str:
     for d, t in sorted(TILES_FULL.items()):
         lines.append(f"template <> struct FullBwdConfig<{d}>\n    : {config(d, t)} {{\n"
                      "  static constexpr bool kHasFullTile = true;\n};\n")
-    lines.append("\n}  // namespace kernel\n}  // namespace sm90_sdpa\n")
+    lines.append("\n}  // namespace kernel\n\n")
+    lines.append("// run_bwd_main's choice for a dense call that is not deterministic: a head dim's full\n"
+                 "// tile (FullBwdConfig<D>) past this many queries, else the default tile\n"
+                 "// (FULL_TILE_MIN_QUERIES).\n"
+                 f"constexpr int kFullTileMinQueries = {FULL_TILE_MIN_QUERIES};\n\n"
+                 "}  // namespace sm90_sdpa\n")
     return "".join(lines)
 
 

@@ -15,6 +15,7 @@
 #include "bwd_main_launch.h"
 #include "bwd_params.h"
 #include "instantiations/variants.h"
+#include "kernel/bwd_config.h"  // kFullTileMinQueries
 #include "mask_classify.h"
 #include "prepost.h"
 

@@ -185,12 +185,12 @@ struct BwdMainloop {
   // store into half-warps (4 rows x 2 16-byte chunks each), and only rows of 32 bytes with the
   // chunk flipped every 4 rows put each half-warp on 32 distinct banks. With the 128-byte
   // swizzle, rows r and r^1 meet on the same chunk and every store takes 4 wavefronts for 2
-  // (ncu, eighth session). The TMA box is then 8 columns wide: more, smaller reduce-adds. That
-  // trade lost elsewhere (A/B, ninth session, main kernel at 2k keys): d256 1.157 -> 1.199 ms,
-  // d192 rows 5-14% lower against cuDNN; d128 0.740 -> 0.722 ms and d64 0.873 -> 0.860 ms
-  // gained. d96 was not measured and keeps the selector's swizzle.
-  // d64 moved to the permuted order below in the eighteenth session (main kernel, full 16k
-  // keys: 10.963 -> 10.659 ms over four interleaved rounds; 2k level).
+  // (ncu of 18e7339). The TMA box is then 8 columns wide: more, smaller reduce-adds. That
+  // trade lost elsewhere (A/B of e8da14c's staging variants, main kernel at 2k keys): d256
+  // 1.157 -> 1.199 ms, d192 rows 5-14% lower against cuDNN; d128 0.740 -> 0.722 ms and d64
+  // 0.873 -> 0.860 ms gained. d96 was not measured and keeps the selector's swizzle.
+  // d64 uses the permuted order below (A/B of dd94878, main kernel, full 16k keys: 10.963 ->
+  // 10.659 ms over four interleaved rounds; 2k level).
   // The head dims of dq_accum_permuted_for (bwd_params.h) keep the 128-byte swizzle and its
   // 32-column TMA boxes, and permute each row's 8-column segments instead: value (r, c) is
   // stored at column c ^ ((r & 3) << 3). A half-warp's four rows then fall on four different
@@ -204,7 +204,7 @@ struct BwdMainloop {
   // ncu: 1.59e9 instructions against FlashAttention-4's 1.39e9 for d64 full 8k, its kernel
   // 11% faster); hoisted, 579, and the main kernel 2.2-8.3% faster on the FA grid's d64 rows.
   // At d128 it took 473 -> 414 (default tile) and 553 -> 535 (full tile) instructions but the
-  // main kernel 0.2-4.1% slower (A/B, thirty-first session): d64 only (d96 / d192 / d256 not
+  // main kernel 0.2-4.1% slower (A/B of efc288c): d64 only (d96 / d192 / d256 not
   // measured).
   static constexpr bool kHoistThreadPartitions = kHeadDim == 64;
   // Swapped dQ (dQ^T in registers) stores single floats down the columns of the (q, d) tile:
@@ -792,7 +792,7 @@ struct BwdMainloop {
     // The dQ staging tile as the dQ accumulator's fragment stores it (hand_dq_to_writer; dQ^T
     // through the tile's transposed view when swapped). Partitioned where used: the hoisted
     // head dim (d64) stages dQ permuted (dq_seg0_addr below), and keeping this partition across
-    // the loop at d128 measured level (thirty-second session, KERNEL.md).
+    // the loop at d128 measured level (5d6527a).
     auto dq_stage_tile = [&] {
       Tensor sdQ_pi = as_position_independent_swizzle_tensor(sdQ);
       if constexpr (kdQSwapAB) {

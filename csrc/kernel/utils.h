@@ -83,7 +83,7 @@ CUTE_DEVICE int launder_int(int x) {
 // to the offset address), rebuilt where used with the partition's layout, which is static:
 // the thread index goes into the offset alone. Partitioned from the thread index inside the
 // loop, every use paid the thread's index math again (signed divisions, shifts: 20-70 integer
-// instructions per step at d64 / d128, ncu and SASS, thirty-first session).
+// instructions per step at d64 / d128, ncu and SASS of efc288c's parent).
 template <class Partition, class Iterator>
 CUTE_DEVICE int smem_partition_offset(Partition const& part, Iterator const& start) {
   static_assert(cute::is_static<decltype(part.layout())>::value, "a thread-independent layout");
