@@ -10,6 +10,7 @@ The reason is remembered and reported by ``build_info()``.
     dtype_code(dtype[, default])   the code of _C's BwdProblem.dtype
     unavailable_reason() -> str | None
     register_cuda_kernel() -> str | None    the C++ CUDA kernel of sdpa_backward (None: done)
+    set_cuda_op(kind) / cuda_op()   which CUDA kernel the op layer installed (build_info's)
 
 The tables (kernel dtypes and their codes, head dims with a tile) come from the build's
 generated ``_build_config`` (itself generated from ``csrc/generate_instantiations.py``, the one
@@ -29,6 +30,9 @@ _C: Any = None
 _reason: Optional[str] = None
 _variants: frozenset = frozenset()  # {(head_dim, torch.dtype)}
 _cuda_kernel_reason: Optional[str] = "not attempted"
+# Which CUDA kernel sdpa_backward has (build_info()["cuda_op"]), as the op layer (ops.py)
+# installed it: "c++", "python" or None.
+_cuda_op: Optional[str] = None
 
 # The torch dtype of each kernel dtype name of the generator's DTYPES.
 _TORCH_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -158,6 +162,17 @@ def register_stable_abi_probe() -> Optional[str]:
         return f"{type(exc).__name__}: {exc}"
 
 
+def set_cuda_op(kind: Optional[str]) -> None:
+    """Record which CUDA kernel the op layer installed for sdpa_backward ("c++", "python" or
+    None): build_info()["cuda_op"]."""
+    global _cuda_op
+    _cuda_op = kind
+
+
+def cuda_op() -> Optional[str]:
+    return _cuda_op
+
+
 def cuda_kernel_reason() -> Optional[str]:
     """Why the C++ CUDA kernel of sdpa_backward is not registered (None when it is)."""
     return _cuda_kernel_reason
@@ -179,9 +194,7 @@ def build_info() -> dict:
         else:
             c_info["variants"] = [tuple(v) for v in c_info.get("variants", [])]
             info.update(c_info)
-        from . import ops  # the op layer knows which CUDA kernel it installed
-
-        info["cuda_op"] = ops.cuda_kernel_kind()
+        info["cuda_op"] = _cuda_op
     return info
 
 
