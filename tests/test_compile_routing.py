@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import unittest
-import unittest.mock
 import warnings
 from unittest import mock
 
@@ -1157,7 +1156,7 @@ class TestSpeedGate(unittest.TestCase):
             decision = policy.faster_than_stock(call)
             self.assertEqual(decision.reason, policy.R_SLOWER, call.k.shape)
             self.assertIn("GQA", decision.detail)
-        with unittest.mock.patch.dict(os.environ, {"TORCH_SM90_SDPA_GQA_WALK": "1"}):
+        with _extension.switch_env("TORCH_SM90_SDPA_GQA_WALK", "1"):
             self.assertEqual([walks(c) for c in (eight, sixteen)], [8, 16])
             self.assertIn("groups of 8", policy.faster_than_stock(eight).detail)
             self.assertEqual(policy.faster_than_stock(eight).reason, policy.R_SLOWER)
@@ -1167,7 +1166,7 @@ class TestSpeedGate(unittest.TestCase):
         self.assertEqual(walks(gpt), 1)
         self.assertEqual(policy.faster_than_stock(gpt).reason, policy.R_SLOWER)
         gpt.deterministic = False
-        with unittest.mock.patch.dict(os.environ, {"TORCH_SM90_SDPA_GQA_WALK": "0"}):
+        with _extension.switch_env("TORCH_SM90_SDPA_GQA_WALK", "0"):
             self.assertEqual(walks(gpt), 1)
             self.assertEqual(policy.faster_than_stock(gpt).reason, policy.R_SLOWER)
             off = policy.policy_fingerprint()

@@ -11,6 +11,9 @@ The reason is remembered and reported by ``build_info()``.
     unavailable_reason() -> str | None
     register_cuda_kernel() -> str | None    the C++ CUDA kernel of sdpa_backward (None: done)
     set_cuda_op(kind) / cuda_op()   which CUDA kernel the op layer installed (build_info's)
+    switches() -> dict              the device layer's experiment switches, as _C read them
+    reload_switches()               make _C read them again from the environment
+    switch_env(var, value)          a context: the switch set (None: unset), then restored
 
 The tables (kernel dtypes and their codes, head dims with a tile) come from the build's
 generated ``_build_config`` (itself generated from ``csrc/generate_instantiations.py``, the one
@@ -18,6 +21,7 @@ statement of the variants); the loaded ``_C`` is the authority on what was compi
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Any, Optional
@@ -171,6 +175,42 @@ def set_cuda_op(kind: Optional[str]) -> None:
 
 def cuda_op() -> Optional[str]:
     return _cuda_op
+
+
+def switches() -> dict:
+    """The device layer's experiment switches (``device::Switches``, registration/bwd_device.h)
+    as _C read them from the environment: {} when _C is not loaded."""
+    mod = load()
+    return dict(mod.switches()) if mod is not None else {}
+
+
+def reload_switches() -> None:
+    """Make _C read its experiment switches (TORCH_SM90_SDPA_GQA_WALK, ...) from the
+    environment again: it reads them once, at first use, so a change of the environment in
+    this process takes effect only after this call. No-op without _C."""
+    mod = load()
+    if mod is not None:
+        mod.reload_switches()
+
+
+@contextlib.contextmanager
+def switch_env(var: str, value: Optional[str]):
+    """Inside the block, the environment variable `var` is `value` (None: unset) and _C's
+    switches are read again; on exit both are restored (also when the block raises)."""
+    old = os.environ.get(var)
+    try:
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+        reload_switches()
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = old
+        reload_switches()
 
 
 def cuda_kernel_reason() -> Optional[str]:
