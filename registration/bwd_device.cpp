@@ -305,7 +305,7 @@ int gqa_heads_per_cta(const BwdProblem& p) {
   // Masked calls walk only when forced, and only under a mask shared by the heads (a per-head
   // mask gives the group's heads different walks). The masked kernel's walk measured both
   // faster and slower (H200, d128 s8192 causal bias, main kernel: GQA 16 / 8 2.455 -> 2.273 ms,
-  // GQA 32 / 8 4.61-4.76 -> 4.58 in one call, 5.03 in another).
+  // GQA 32 / 8 4.61-4.76 -> 4.58 and 5.03 in two measurements).
   if (p.mask_kind != 0 && (walk != Override::kOn || mask_instances_heads(p) != 1)) return 1;
   const int group = p.heads_q / p.heads_kv;
   if (walk == Override::kOn) return group;

@@ -167,15 +167,16 @@ constexpr bool kPrepostReversedByDefault = true;
 // The split tail of a problem (BwdParams::split_tiles): full attention's tiles all cost the
 // same, so on P persistent CTAs (P = problem.num_sms) T tiles take ceil(T / P) tile times
 // (H200, d128 s8192 full, main kernel: 31, 32 and 33 heads, 15.0 / 15.5 / 16.0 waves of work,
-// 4.79 / 4.76 / 4.80 ms; tools/wave_probe.py). The last r = T mod P tiles are dealt as P equal
+// 4.79 / 4.76 / 4.80 ms; the wave probe of commit 890d097). The last r = T mod P tiles are dealt as P equal
 // pieces of their m-blocks instead. Returns r, or 0 for no split: causal, masked or
 // deterministic calls, GQA with fp32 dK / dV accumulators, head dims without persistent CTAs,
 // persistent CTAs off, T < 2 P, r = 0, fewer split m-blocks than P, or (the rule) less than
 // kSplitMinSavedBlocks m-blocks saved per SM: (P - r) M / P, M = a tile's m-blocks (of the
 // tile run_bwd_main picks). Switches::split_tail (TORCH_SM90_SDPA_SPLIT_TAIL) off splits none,
 // on every problem the structure allows, whatever the saving.
-// Measured (H200, bf16 full, main kernel, split / whole: tools/split_probe.py): d128 b16 s1k
-// (6 m-blocks saved per SM) 1.3% slower; b8 s2k (13) 1.1% faster; s4k (25) 3.6%; s8k (50) 3.0%.
+// Measured (H200, bf16 full, main kernel, split / whole; the probe of commit 08ea738): d128
+// b16 s1k (6 m-blocks saved per SM) 1.3% slower; b8 s2k (13) 1.1% faster; s4k (25) 3.6%;
+// s8k (50) 3.0%.
 constexpr int kSplitMinSavedBlocks = 10;
 int split_tail_tiles(const BwdProblem& problem);
 
@@ -205,7 +206,7 @@ struct Switches {
   std::optional<DeterministicOrder> deterministic_order;
   // TORCH_SM90_SDPA_PDL=1: the main kernel and the postprocess start while the kernel before
   // them drains (BwdParams::programmatic_launch, csrc/grid_dependency.h). Default: off
-  // (tools/pdl_probe.py measured 0.9-1.4% back to back only, BENCHMARKS.md).
+  // (measured 0.9-1.4% faster back to back only, the probe of commit 27e8992).
   bool programmatic_launch = false;
   // TORCH_SM90_SDPA_PERSISTENT=1 / 0: the main kernel's CTAs take several tiles each (one CTA
   // per SM) / one tile each (BwdParams::persistent). Default: kPersistentByDefault.
@@ -215,7 +216,7 @@ struct Switches {
   // kPrepostReversedByDefault.
   bool prepost_reversed = kPrepostReversedByDefault;
   // TORCH_SM90_SDPA_SECTION_HEADS=N (0 < N < 2^30): the main kernel's scheduling sections
-  // hold N head groups each (BwdParams::heads_per_section, for tools/section_probe.py's A/B).
+  // hold N head groups each (BwdParams::heads_per_section, for A/B measurements).
   // Default: 0, the launch's rule.
   int heads_per_section = 0;
 };

@@ -261,12 +261,11 @@ FULL_TILE_SEQS = [(80, 80), (81, 300), (768, 768), (769, 769), (800, 800), (881,
                   (1000, 1000), (2048, 2048), (2081, 513), (160, 4097), (840, 4097)]
 
 
-# Over the bound on this input (seed 0), measured on the H200 (fourteenth session,
-# tools/ab_rounds/full_tile_numerics.py): dq max error 1.26e-2 against stock's 3.9e-3 (bound
-# 9.97e-3), with the full tile and the default tile alike (the tile does not change the
-# numerics), while seeds 1-3 of the same shape give 4.6-5.6e-3 against stock's 4.9-6.5e-3.
-# Kept as a strict xfail so that it is seen, not hidden. Explained in the thirty-third session
-# (tools/ab_rounds/xfail_numerics.py; benchmarks/results/session33/call4). Our dq equals, at
+# Over the bound on this input (seed 0), measured on the H200 (the numerics probe of commit
+# 6787db2): dq max error 1.26e-2 against stock's 3.9e-3 (bound 9.97e-3), with the full tile
+# and the default tile alike (the tile does not change the numerics), while seeds 1-3 of the
+# same shape give 4.6-5.6e-3 against stock's 4.9-6.5e-3. Kept as a strict xfail so that it is
+# seen, not hidden. Explained by the float64 emulation of commit 1966688: our dq equals, at
 # the worst element and to one bf16 ulp everywhere, a float64 emulation whose only roundings
 # are dS to bf16 (the dQ wgmma's operand) and dq to bf16: -2.14062 against the reference's
 # -2.12805. Without the dS rounding the emulation gives -2.12500, stock's value. The excess is

@@ -326,7 +326,7 @@ def gqa_heads_per_cta(q, k, v, out, grad_out, *, is_causal: bool, deterministic:
                       mask=None) -> int:
     """The q heads one main-kernel CTA walks for this call (the C++ rule, ``_C.workspace_layout``:
     the whole GQA group, of at most 4 q heads, when its kv heads' key blocks make enough CTAs,
-    unmasked, not deterministic, ``TORCH_SM90_SDPA_GQA_WALK`` as read now (=1: any group); else
+    unmasked, not deterministic, ``TORCH_SM90_SDPA_GQA_WALK`` as _C read it (=1: any group); else
     1). 1 when ``_C`` is not built, and when the batch, head counts or key length are symbolic:
     the count is then not known for every size the graph serves. Shapes as
     :func:`kernel_decision`'s."""

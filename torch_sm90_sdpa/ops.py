@@ -413,9 +413,10 @@ class EagerSdpa(torch.autograd.Function):
     plain autograd.Function: what the eager drop-in applies outside torch.compile. The custom
     op's generated autograd node cost more host time per backward than a plain Function
     around the same ops (H200, synchronized call, event time over the op's, d128 causal b32
-    s512: 0.123 against 0.071 ms, cuDNN's own public path 0.069 ms; `public_path_probe.py
-    --nodes`); with this class the drop-in's extra per call back to back at up to 2k keys fell
-    from 0.098 to 0.078 ms (median over bench_bwd's rows; BENCHMARKS.md, twenty-first session).
+    s512: 0.123 against 0.071 ms, cuDNN's own public path 0.069 ms; measured with the
+    `--nodes` probe of commit 22b1ca0); with this class the drop-in's extra per call back to
+    back at up to 2k keys fell from 0.098 to 0.078 ms (median over bench_bwd.py's rows, commit
+    c886836).
     Compiled graphs keep the custom op (its fake kernel and the rewrite need it).
 
     apply(q, k, v, is_causal, scale, enable_gqa, attn_mask) -> (out, lse), shapes as ``sdpa``.
