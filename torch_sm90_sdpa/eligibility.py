@@ -178,11 +178,6 @@ def _capability_cached(index: int):
     return torch.cuda.get_device_capability(index)
 
 
-@functools.lru_cache(maxsize=None)
-def _name_cached(index: int) -> str:
-    return torch.cuda.get_device_name(index)
-
-
 def _query_cuda_device(device: torch.device, query):
     """query(index) for a CUDA device present here, else None (not CUDA, no driver, bad
     index: not a device we can serve)."""
