@@ -39,7 +39,7 @@ of the GPU as in a training loop, and a path's host latency before its first ker
 where the GPU work is longer than it (the drop-in's autograd engine: 0.2-0.4 ms per call).
 
 --ab-env VAR=VALUE adds a column "ours_env": ours with the environment variable VAR set to VALUE
-around each call (the device layer reads its switches per call, e.g.
+around each call (the device layer reads its switches again on each change, e.g.
 TORCH_SM90_SDPA_PERSISTENT=1), timed interleaved with every other column, so that one run
 compares both sides of a switch on the whole grid ("/env" = ours / ours_env: under 1, the
 switch makes ours faster).
@@ -129,22 +129,16 @@ def backend_fa4(q, k, v, dout, causal, scale):
 
 def backend_ours_env(var, value):
     """Ours (backend_ours) with the environment variable var set to value around each call,
-    restored after it: the other side of a switch the device layer reads per call."""
-    import os
+    restored after it: the other side of a switch of the device layer (which re-reads its
+    switches on each change, _extension.switch_env)."""
+    from torch_sm90_sdpa import _extension
 
     def make_fn(q, k, v, dout, causal, scale):
         run_ours = backend_ours(q, k, v, dout, causal, scale)
 
         def run():
-            old = os.environ.get(var)
-            os.environ[var] = value
-            try:
+            with _extension.switch_env(var, value):
                 return run_ours()
-            finally:
-                if old is None:
-                    del os.environ[var]
-                else:
-                    os.environ[var] = old
         return run
     return make_fn
 

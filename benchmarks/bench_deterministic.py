@@ -12,12 +12,12 @@ interleaved with the rest.
     python benchmarks/bench_deterministic.py [--quick] [--orders] [--dims 64,128,256] [--seqs 2048,8192]
 """
 import math
-import os
 import sys
 
 import torch
 
 import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+from torch_sm90_sdpa import _extension
 from bench_bwd import backend_efficient, backend_flash, grid, grid_parser, make, time_interleaved
 
 
@@ -32,11 +32,8 @@ def ours(q, k, v, dout, causal, scale, deterministic, order=None):
     def run():
         if order is None:
             return op(dout, q, k, v, o, lse, causal, scale, deterministic)
-        os.environ[ORDER_ENV] = order
-        try:
+        with _extension.switch_env(ORDER_ENV, order):
             return op(dout, q, k, v, o, lse, causal, scale, deterministic)
-        finally:
-            del os.environ[ORDER_ENV]
     return run
 
 

@@ -6,6 +6,8 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -299,28 +301,23 @@ int gqa_heads_per_cta(const BwdProblem& p) {
   }
   const int bn = tile_block_n(p.head_dim);
   if (bn <= 0) return 1;
-  const char* env = std::getenv("TORCH_SM90_SDPA_GQA_WALK");
-  const std::string mode = env != nullptr ? env : "";
-  if (mode == "0") return 1;
+  const Override walk = switches().gqa_walk;
+  if (walk == Override::kOff) return 1;
   // Masked calls walk only when forced, and only under a mask shared by the heads (a per-head
   // mask gives the group's heads different walks). The masked kernel's walk measured both
   // faster and slower (H200, d128 s8192 causal bias, main kernel: GQA 16 / 8 2.455 -> 2.273 ms,
-  // GQA 32 / 8 4.61-4.76 -> 4.58 in one call, 5.03 in another).
-  if (p.mask_kind != 0 && (mode != "1" || mask_instances_heads(p) != 1)) return 1;
+  // GQA 32 / 8 4.61-4.76 -> 4.58 and 5.03 in two measurements).
+  if (p.mask_kind != 0 && (walk != Override::kOn || mask_instances_heads(p) != 1)) return 1;
   const int group = p.heads_q / p.heads_kv;
-  if (mode == "1") return group;
+  if (walk == Override::kOn) return group;
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * ((p.seqlen_k + bn - 1) / bn);
   return (group <= kMaxWalkGroup && ctas >= kMinGroupWalkCtas) ? group : 1;
 }
 
-static bool persistent_from_env();
-
 int split_tail_tiles(const BwdProblem& p) {
   if (p.num_sms <= 0 || p.is_causal || p.deterministic || p.mask_kind != 0) return 0;
-  if (!persistent_from_env() || !persistent_capable_head_dim(p.head_dim)) return 0;
-  const char* env = std::getenv("TORCH_SM90_SDPA_SPLIT_TAIL");
-  const std::string mode = env != nullptr ? env : "";
-  if (mode == "0") return 0;
+  const Switches s = switches();
+  if (!s.persistent || s.split_tail == Override::kOff) return 0;
   const int heads_per_cta = gqa_heads_per_cta(p);
   if (p.heads_q != p.heads_kv && heads_per_cta == 1) return 0;  // fp32 dK / dV: one tile per CTA
   // the dense kernel's tile (run_bwd_main: a head dim's full tile past kFullTileMinQueries)
@@ -333,7 +330,7 @@ int split_tail_tiles(const BwdProblem& p) {
   // (launch_bwd_main checks the same counts with its kernel's tile before it splits)
   const int64_t m_blocks = (p.seqlen_q + bm - 1) / bm;
   if (tiles < 2 * P || r == 0 || r * m_blocks < P) return 0;
-  if (mode != "1" && (P - r) * m_blocks < kSplitMinSavedBlocks * P) return 0;
+  if (s.split_tail != Override::kOn && (P - r) * m_blocks < kSplitMinSavedBlocks * P) return 0;
   return static_cast<int>(r);
 }
 
@@ -423,65 +420,81 @@ int mask_instances_heads(const BwdProblem& p) {
 }
 
 DeterministicOrder deterministic_order(const BwdProblem& p) {
-  // TORCH_SM90_SDPA_DETERMINISTIC_ORDER=ascending|descending overrides the choice (read per
-  // call, so that benchmarks/bench_deterministic.py --orders can interleave both).
-  if (const char* env = std::getenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER")) {
-    const std::string v(env);
-    if (v == "ascending") return DeterministicOrder::kKeysAscending;
-    if (v == "descending") return DeterministicOrder::kKeysDescending;
-  }
+  if (const std::optional<DeterministicOrder> forced = switches().deterministic_order) return *forced;
   // On the H200 (BENCHMARKS.md): descending was the faster order for MHA, ascending for the
   // GQA rows measured.
   return p.heads_q != p.heads_kv ? DeterministicOrder::kKeysAscending
                                  : DeterministicOrder::kKeysDescending;
 }
 
-// TORCH_SM90_SDPA_PDL=1: the main kernel and the postprocess start while the kernel before
-// them drains (csrc/grid_dependency.h); read per call, so that a benchmark can interleave both.
-// Off by default: the GPU tests pass with it, but tools/pdl_probe.py measured 0.9-1.4% back to
-// back only (BENCHMARKS.md). Unset or anything else launches the kernels one after the other.
-static bool programmatic_launch_from_env() {
-  const char* env = std::getenv("TORCH_SM90_SDPA_PDL");
-  return env != nullptr && std::string(env) == "1";
+namespace {
+
+// The value `choices` pairs with the environment variable `name`, or `fallback` when it is
+// unset or has another value.
+template <class T>
+T env_choice(const char* name, T fallback,
+             std::initializer_list<std::pair<const char*, T>> choices) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return fallback;
+  for (const auto& choice : choices) {
+    if (std::strcmp(env, choice.first) == 0) return choice.second;
+  }
+  return fallback;
 }
 
-// TORCH_SM90_SDPA_PERSISTENT=1 / 0: the main kernel's CTAs take several tiles each (one CTA
-// per SM) / one tile each (BwdParams::persistent; read per call, so that a benchmark can
-// interleave both). Unset or anything else: kPersistentByDefault (bwd_device.h).
-static bool persistent_from_env() {
-  const char* env = std::getenv("TORCH_SM90_SDPA_PERSISTENT");
-  if (env != nullptr && std::string(env) == "1") return true;
-  if (env != nullptr && std::string(env) == "0") return false;
-  return kPersistentByDefault;
-}
-
-// TORCH_SM90_SDPA_PREPOST_ORDER=reversed / forward: the pre- and postprocess walk the rows
-// from the last (batch, head) / from the first (BwdParams::prepost_reversed; read per call, so
-// that a benchmark can interleave both). Unset or anything else: kPrepostReversedByDefault.
-static bool prepost_reversed_from_env() {
-  const char* env = std::getenv("TORCH_SM90_SDPA_PREPOST_ORDER");
-  if (env != nullptr && std::string(env) == "reversed") return true;
-  if (env != nullptr && std::string(env) == "forward") return false;
-  return kPrepostReversedByDefault;
-}
-
-// TORCH_SM90_SDPA_SECTION_HEADS=N (N > 0): the main kernel's scheduling sections hold N head
-// groups each instead of its rule's count (BwdParams::heads_per_section; read per call, for
-// tools/section_probe.py's A/B). Unset or anything else: 0, the rule.
-static int section_heads_from_env() {
-  const char* env = std::getenv("TORCH_SM90_SDPA_SECTION_HEADS");
+// The environment variable `name` as an int in 0 < N < 2^30, else 0.
+int env_positive_int(const char* name) {
+  const char* env = std::getenv(name);
   if (env == nullptr) return 0;
   char* end = nullptr;
   const long v = std::strtol(env, &end, 10);
   return (end != env && *end == '\0' && v > 0 && v < (1L << 30)) ? static_cast<int>(v) : 0;
 }
 
+Switches read_switches() {
+  using Order = std::optional<DeterministicOrder>;
+  Switches s;
+  const std::initializer_list<std::pair<const char*, Override>> off_on = {
+      {"0", Override::kOff}, {"1", Override::kOn}};
+  s.gqa_walk = env_choice("TORCH_SM90_SDPA_GQA_WALK", Override::kRule, off_on);
+  s.split_tail = env_choice("TORCH_SM90_SDPA_SPLIT_TAIL", Override::kRule, off_on);
+  s.deterministic_order = env_choice<Order>(
+      "TORCH_SM90_SDPA_DETERMINISTIC_ORDER", std::nullopt,
+      {{"ascending", DeterministicOrder::kKeysAscending},
+       {"descending", DeterministicOrder::kKeysDescending}});
+  s.programmatic_launch = env_choice("TORCH_SM90_SDPA_PDL", false, {{"1", true}});
+  s.persistent = env_choice("TORCH_SM90_SDPA_PERSISTENT", kPersistentByDefault,
+                            {{"1", true}, {"0", false}});
+  s.prepost_reversed = env_choice("TORCH_SM90_SDPA_PREPOST_ORDER", kPrepostReversedByDefault,
+                                  {{"reversed", true}, {"forward", false}});
+  s.heads_per_section = env_positive_int("TORCH_SM90_SDPA_SECTION_HEADS");
+  return s;
+}
+
+std::mutex g_switches_mutex;
+std::optional<Switches> g_switches;  // read at the first switches()
+
+}  // namespace
+
+Switches switches() {
+  std::lock_guard<std::mutex> lock(g_switches_mutex);
+  if (!g_switches) g_switches = read_switches();
+  return *g_switches;
+}
+
+void reload_switches() {
+  const Switches s = read_switches();
+  std::lock_guard<std::mutex> lock(g_switches_mutex);
+  g_switches = s;
+}
+
 BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale) {
   BwdParams n;
-  n.programmatic_launch = programmatic_launch_from_env();
-  n.persistent = persistent_from_env();
-  n.heads_per_section = section_heads_from_env();
-  n.prepost_reversed = prepost_reversed_from_env();
+  const Switches s = switches();
+  n.programmatic_launch = s.programmatic_launch;
+  n.persistent = s.persistent;
+  n.heads_per_section = s.heads_per_section;
+  n.prepost_reversed = s.prepost_reversed;
   n.batch = p.batch;
   n.heads_q = p.heads_q;
   n.heads_kv = p.heads_kv;

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -138,10 +139,10 @@ struct BwdPointers {
 // The q heads one main-kernel CTA walks (BwdParams::heads_per_cta): the GQA group Hq / Hkv
 // for a GQA problem in the default mode without a mask, whose kv heads' key blocks make at
 // least kMinGroupWalkCtas CTAs (a CTA then does a group's work: with fewer the last wave would
-// leave SMs idle) and whose group is at most kMaxWalkGroup; else 1. TORCH_SM90_SDPA_GQA_WALK=0
-// in the environment (read per call) keeps 1, =1 takes the group whatever the CTA count and
-// group size, and also under a mask shared by the heads (masked calls do not walk by default:
-// their walk measured inconsistently).
+// leave SMs idle) and whose group is at most kMaxWalkGroup; else 1. Switches::gqa_walk
+// (TORCH_SM90_SDPA_GQA_WALK) overrides the rule: off keeps 1, on takes the group whatever the
+// CTA count and group size, and also under a mask shared by the heads (masked calls do not
+// walk by default: their walk measured inconsistently).
 constexpr int64_t kMinGroupWalkCtas = 512;  // about four waves on 132 SMs
 // Groups of 8 measured slower walked than not (H200, d128 s8192 b2 is_causal, main kernel,
 // GQA 32 / 4: 4.899 ms walked, 4.698 not; H100: 0.89-0.91x of cuDNN walked); groups of 2 and 4
@@ -152,12 +153,12 @@ int gqa_heads_per_cta(const BwdProblem& problem);
 
 // Whether the main kernel runs persistent CTAs (BwdParams::persistent: one CTA per SM, each
 // taking tiles in turn, where the variant and the call allow it) when
-// TORCH_SM90_SDPA_PERSISTENT (read per call: 1 on, 0 off) does not say.
+// TORCH_SM90_SDPA_PERSISTENT (Switches::persistent) does not say.
 constexpr bool kPersistentByDefault = true;
 
 // Whether the pre- and postprocess walk the rows last (batch, head) first
-// (BwdParams::prepost_reversed) when TORCH_SM90_SDPA_PREPOST_ORDER (read per call: reversed /
-// forward) does not say. Why: the main kernel's first tiles then read what the preprocess
+// (BwdParams::prepost_reversed) when TORCH_SM90_SDPA_PREPOST_ORDER (Switches::prepost_reversed)
+// does not say. Why: the main kernel's first tiles then read what the preprocess
 // wrote last (dq_accum's zeros, dO), and the postprocess first reads what the main kernel
 // added last, from L2 instead of HBM (at s = 512, d128 b32 h16, dq_accum alone is 134 MB
 // against the 50 MB L2).
@@ -166,22 +167,61 @@ constexpr bool kPrepostReversedByDefault = true;
 // The split tail of a problem (BwdParams::split_tiles): full attention's tiles all cost the
 // same, so on P persistent CTAs (P = problem.num_sms) T tiles take ceil(T / P) tile times
 // (H200, d128 s8192 full, main kernel: 31, 32 and 33 heads, 15.0 / 15.5 / 16.0 waves of work,
-// 4.79 / 4.76 / 4.80 ms; tools/wave_probe.py). The last r = T mod P tiles are dealt as P equal
+// 4.79 / 4.76 / 4.80 ms; the wave probe of commit 890d097). The last r = T mod P tiles are dealt as P equal
 // pieces of their m-blocks instead. Returns r, or 0 for no split: causal, masked or
 // deterministic calls, GQA with fp32 dK / dV accumulators, head dims without persistent CTAs,
 // persistent CTAs off, T < 2 P, r = 0, fewer split m-blocks than P, or (the rule) less than
 // kSplitMinSavedBlocks m-blocks saved per SM: (P - r) M / P, M = a tile's m-blocks (of the
-// tile run_bwd_main picks). TORCH_SM90_SDPA_SPLIT_TAIL (read per call) =0 splits none, =1
-// every problem the structure allows, whatever the saving.
-// Measured (H200, bf16 full, main kernel, split / whole: tools/split_probe.py): d128 b16 s1k
-// (6 m-blocks saved per SM) 1.3% slower; b8 s2k (13) 1.1% faster; s4k (25) 3.6%; s8k (50) 3.0%.
+// tile run_bwd_main picks). Switches::split_tail (TORCH_SM90_SDPA_SPLIT_TAIL) off splits none,
+// on every problem the structure allows, whatever the saving.
+// Measured (H200, bf16 full, main kernel, split / whole; the probe of commit 08ea738): d128
+// b16 s1k (6 m-blocks saved per SM) 1.3% slower; b8 s2k (13) 1.1% faster; s4k (25) 3.6%;
+// s8k (50) 3.0%.
 constexpr int kSplitMinSavedBlocks = 10;
 int split_tail_tiles(const BwdProblem& problem);
 
 // Deterministic mode: the order the kernels add dQ tiles in (DeterministicOrder in
-// bwd_params.h), chosen per problem; TORCH_SM90_SDPA_DETERMINISTIC_ORDER=ascending|descending
-// in the environment (read per call) forces one.
+// bwd_params.h), chosen per problem; Switches::deterministic_order
+// (TORCH_SM90_SDPA_DETERMINISTIC_ORDER) forces one.
 DeterministicOrder deterministic_order(const BwdProblem& problem);
+
+// The experiment switches: environment variables that change how the kernels run, for A/B
+// measurements and tests. Read once, at the first call of switches(); reload_switches() reads
+// them again (for a process that changes its environment: tests, interleaved benchmarks). An
+// unset variable, or a value other than those listed, keeps the field's default.
+enum class Override : int {
+  kRule = 0,  // the device layer's rule decides (the default)
+  kOff = 1,   // "0"
+  kOn = 2,    // "1"
+};
+struct Switches {
+  // TORCH_SM90_SDPA_GQA_WALK=0 / 1: no GQA CTA walks its group / every GQA CTA walks its whole
+  // group, also under a mask shared by the heads (gqa_heads_per_cta). Default: the rule.
+  Override gqa_walk = Override::kRule;
+  // TORCH_SM90_SDPA_SPLIT_TAIL=0 / 1: no split tail / a split tail wherever the structure
+  // allows it, whatever the saving (split_tail_tiles). Default: the rule.
+  Override split_tail = Override::kRule;
+  // TORCH_SM90_SDPA_DETERMINISTIC_ORDER=ascending / descending: the deterministic mode's dQ
+  // order (deterministic_order). Default (empty): chosen per problem.
+  std::optional<DeterministicOrder> deterministic_order;
+  // TORCH_SM90_SDPA_PDL=1: the main kernel and the postprocess start while the kernel before
+  // them drains (BwdParams::programmatic_launch, csrc/grid_dependency.h). Default: off
+  // (measured 0.9-1.4% faster back to back only, the probe of commit 27e8992).
+  bool programmatic_launch = false;
+  // TORCH_SM90_SDPA_PERSISTENT=1 / 0: the main kernel's CTAs take several tiles each (one CTA
+  // per SM) / one tile each (BwdParams::persistent). Default: kPersistentByDefault.
+  bool persistent = kPersistentByDefault;
+  // TORCH_SM90_SDPA_PREPOST_ORDER=reversed / forward: the pre- and postprocess walk the rows
+  // from the last (batch, head) / from the first (BwdParams::prepost_reversed). Default:
+  // kPrepostReversedByDefault.
+  bool prepost_reversed = kPrepostReversedByDefault;
+  // TORCH_SM90_SDPA_SECTION_HEADS=N (0 < N < 2^30): the main kernel's scheduling sections
+  // hold N head groups each (BwdParams::heads_per_section, for A/B measurements).
+  // Default: 0, the launch's rule.
+  int heads_per_section = 0;
+};
+Switches switches();  // a copy (reload_switches() may run on another thread)
+void reload_switches();
 
 // The kernels' params of a served problem. `problem.layout` must describe the tensors behind
 // `ptrs` (the copies' layouts where operands were copied).

@@ -18,6 +18,7 @@
 //   _C.register_torch_ops(libtorch_cpu, libtorch_cuda, cuda_kernel, probe) -> "" or why not
 //   _C.cuda_kernel_registered(), _C.cuda_calls()
 //   _C.has_variant(head_dim, dtype_code), _C.compiled_variants(), _C.build_info()
+//   _C.switches() -> dict, _C.reload_switches()      the experiment switches (device::Switches)
 //   _C.SEQ_ROUND, _C.DTYPE_CODES ({"fp16": 0, "bf16": 1})
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -112,6 +113,30 @@ py::dict build_info() {
   d["seq_round"] = sm90_sdpa::kSeqRound;
   d["persistent_by_default"] = dev::kPersistentByDefault;  // TORCH_SM90_SDPA_PERSISTENT unset
   d["prepost_reversed_by_default"] = dev::kPrepostReversedByDefault;  // TORCH_SM90_SDPA_PREPOST_ORDER unset
+  return d;
+}
+
+const char* override_name(dev::Override o) {
+  switch (o) {
+    case dev::Override::kOff: return "off";
+    case dev::Override::kOn: return "on";
+    default: return "rule";
+  }
+}
+
+// device::Switches as {field: value} (overrides as "rule" / "off" / "on").
+py::dict switches_dict() {
+  const dev::Switches s = dev::switches();
+  py::dict d;
+  d["gqa_walk"] = override_name(s.gqa_walk);
+  d["split_tail"] = override_name(s.split_tail);
+  d["deterministic_order"] =
+      !s.deterministic_order ? "per problem"
+      : *s.deterministic_order == sm90_sdpa::DeterministicOrder::kKeysAscending ? "ascending" : "descending";
+  d["programmatic_launch"] = s.programmatic_launch;
+  d["persistent"] = s.persistent;
+  d["prepost_reversed"] = s.prepost_reversed;
+  d["heads_per_section"] = s.heads_per_section;
   return d;
 }
 
@@ -399,6 +424,10 @@ PYBIND11_MODULE(_C, m) {
         "Whether the main kernel for (head_dim, dtype code 0 fp16 / 1 bf16) is compiled.");
   m.def("compiled_variants", &variants_list, "[(dtype name, head dim), ...] compiled.");
   m.def("build_info", &build_info, "How this module was built.");
+  m.def("switches", &switches_dict,
+        "The experiment switches as read from the environment (bwd_device.h, Switches).");
+  m.def("reload_switches", &dev::reload_switches,
+        "Read the experiment switches from the environment again (they are read once).");
   m.attr("SEQ_ROUND") = sm90_sdpa::kSeqRound;
   m.attr("SPLIT_MIN_SAVED_BLOCKS") = dev::kSplitMinSavedBlocks;
   py::dict codes;

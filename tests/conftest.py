@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+from torch_sm90_sdpa import _extension
 from torch_sm90_sdpa.reference import causal_mask  # SDPA's top-left causal mask
 
 
@@ -74,6 +75,36 @@ def rel_err(actual, expected):
 def significant_strides(t):
     """Strides of the dims of size > 1: the others do not affect the memory layout."""
     return tuple(st for sz, st in zip(t.shape, t.stride()) if sz > 1)
+
+
+class SwitchEnv:
+    """setenv / delenv of the device layer's experiment switches (TORCH_SM90_SDPA_GQA_WALK,
+    _SPLIT_TAIL, _DETERMINISTIC_ORDER, _PDL, _PERSISTENT, _PREPOST_ORDER, _SECTION_HEADS;
+    registration/bwd_device.h, Switches) for one test. _C reads them once, so every change,
+    and the restore at the end of the test, is followed by _extension.reload_switches()."""
+
+    def __init__(self):
+        self._patch = pytest.MonkeyPatch()
+
+    def setenv(self, var: str, value: str) -> None:
+        self._patch.setenv(var, value)
+        _extension.reload_switches()
+
+    def delenv(self, var: str, raising: bool = True) -> None:
+        self._patch.delenv(var, raising=raising)
+        _extension.reload_switches()
+
+    def undo(self) -> None:
+        self._patch.undo()
+        _extension.reload_switches()
+
+
+@pytest.fixture
+def switch_env():
+    """A SwitchEnv, undone after the test."""
+    env = SwitchEnv()
+    yield env
+    env.undo()
 
 
 requires_sm90 = pytest.mark.skipif(

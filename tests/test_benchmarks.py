@@ -312,7 +312,7 @@ def test_batched_samples_time_calls_back_to_back(monkeypatch):
 
 def test_ab_env_column_runs_ours_with_the_variable_set(monkeypatch):
     """--ab-env VAR=VALUE: the ours_env column calls our op with VAR=VALUE in the environment
-    (the device layer reads its switches per call) and restores VAR after each call, also when
+    (the device layer reads its switches again on each change) and restores VAR after each call, also when
     the call raises; its gradients are the op's; its ratio column is ours over it."""
     seen = []
     real_ours = bench_bwd.backend_ours

@@ -303,7 +303,7 @@ def test_workspace_layout_mha_has_no_kv_accumulators():
 
 
 @needs_C
-def test_gqa_group_walk_decision(monkeypatch):
+def test_gqa_group_walk_decision(switch_env):
     """GQA in the default mode: one CTA walks its kv head's whole group of q heads
     (heads_per_cta; it stores dK / dV itself, so no fp32 accumulators are laid out) once the kv
     heads' key blocks make at least 512 CTAs (kMinGroupWalkCtas) and the group is at most 4
@@ -313,7 +313,7 @@ def test_gqa_group_walk_decision(monkeypatch):
     from torch_sm90_sdpa import _cuda_backend as cb
 
     d = 128  # (the decision reads the generated tile table, built variant or not)
-    monkeypatch.delenv("TORCH_SM90_SDPA_GQA_WALK", raising=False)
+    switch_env.delenv("TORCH_SM90_SDPA_GQA_WALK", raising=False)
     n = gen.TILES[d].block_n
     sk = 512 // 8 * n  # 8 kv heads x 64 key blocks: 512 CTAs
 
@@ -338,9 +338,9 @@ def test_gqa_group_walk_decision(monkeypatch):
     per_head = torch.zeros(1, 32, 1, sk, dtype=torch.bool)
     assert layout(32, 8, sk, mask=shared).heads_per_cta == 1  # masked: only when forced
     assert layout(32, 8, sk, mask=per_head).heads_per_cta == 1
-    monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", "0")
+    switch_env.setenv("TORCH_SM90_SDPA_GQA_WALK", "0")
     assert layout(32, 8, sk).heads_per_cta == 1
-    monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", "1")
+    switch_env.setenv("TORCH_SM90_SDPA_GQA_WALK", "1")
     assert layout(32, 8, sk, mask=shared).heads_per_cta == 4
     assert layout(32, 8, sk, mask=per_head).heads_per_cta == 1
     assert layout(4, 2, 100).heads_per_cta == 2
@@ -359,7 +359,7 @@ def _split_problem(b, hq, hkv, sq, sk, d, num_sms=132, **kw):
 
 
 @needs_C
-def test_split_tail_plan(monkeypatch):
+def test_split_tail_plan(switch_env):
     """The split tail (BwdParams.split_tiles, split_tail_tiles in bwd_device.h): full attention
     on persistent CTAs deals its last T mod P tiles as P pieces, where that saves at least
     SPLIT_MIN_SAVED_BLOCKS m-blocks per SM; never for causal, masked or deterministic calls,
@@ -367,7 +367,7 @@ def test_split_tail_plan(monkeypatch):
     dim, d256 included: its epilogue stores through the dQ staging tile in turn).
     TORCH_SM90_SDPA_SPLIT_TAIL=0 plans none, =1 every structural case."""
     for var in ("TORCH_SM90_SDPA_SPLIT_TAIL", "TORCH_SM90_SDPA_PERSISTENT", "TORCH_SM90_SDPA_GQA_WALK"):
-        monkeypatch.delenv(var, raising=False)
+        switch_env.delenv(var, raising=False)
     plan = lambda *a, **kw: C.workspace_layout(_split_problem(*a, **kw)).split_tiles  # noqa: E731
     bn, bm = gen.TILES[128].block_n, gen.TILES[128].block_m
     tiles = 8192 // bn * 32  # the FA grid's d128 rows: b2 h16 s8192
@@ -394,22 +394,22 @@ def test_split_tail_plan(monkeypatch):
     assert plan(*small) == 0 and plan(8, 16, 16, 2048, 2048, 128) == 68
     assert plan(32, 16, 16, 512, 512, 128) == 0  # 8 m-blocks of the default tile's 64 rows
     assert bm == 64
-    monkeypatch.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "1")
+    switch_env.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "1")
     assert plan(*small) == 68 and plan(32, 16, 16, 512, 512, 128) == 68
     assert plan(1, 2, 2, 8192, 8192, 128) == 0  # still structural: < 2 P tiles
-    monkeypatch.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "0")
+    switch_env.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "0")
     assert plan(2, 16, 16, 8192, 8192, 128) == 0
-    monkeypatch.delenv("TORCH_SM90_SDPA_SPLIT_TAIL")
-    monkeypatch.setenv("TORCH_SM90_SDPA_PERSISTENT", "0")
+    switch_env.delenv("TORCH_SM90_SDPA_SPLIT_TAIL")
+    switch_env.setenv("TORCH_SM90_SDPA_PERSISTENT", "0")
     assert plan(2, 16, 16, 8192, 8192, 128) == 0
 
 
 @needs_C
-def test_split_tail_workspace_and_params(monkeypatch):
+def test_split_tail_workspace_and_params(switch_env):
     """A split tail adds its int32 counts (padded to 16 bytes) and fp32 sums (2 * block_n * D
     per split tile: dK then dV) before the tile counter; make_params points at them."""
     for var in ("TORCH_SM90_SDPA_SPLIT_TAIL", "TORCH_SM90_SDPA_PERSISTENT"):
-        monkeypatch.delenv(var, raising=False)
+        switch_env.delenv(var, raising=False)
     problem = _split_problem(2, 16, 16, 8192, 8192, 128)
     for name in ("q", "k", "v", "out", "dout", "dq", "dk", "dv"):
         setattr(problem, name, C.OperandLayout(batch_stride=16 * 8192 * 128, head_stride=8192 * 128,
@@ -460,79 +460,79 @@ def test_masked_workspace_has_tile_classes_ranges_bits_and_bounds(mask_dtype):
 
 
 @needs_C
-def test_make_params_reads_the_programmatic_launch_switch(monkeypatch):
+def test_make_params_reads_the_programmatic_launch_switch(switch_env):
     # TORCH_SM90_SDPA_PDL=1: the main and post kernels launched programmatically
-    # (csrc/grid_dependency.h); unset or anything else: plain launches. Read per call.
+    # (csrc/grid_dependency.h); unset or anything else: plain launches. Read once; SwitchEnv re-reads.
     from torch_sm90_sdpa import _cuda_backend as cb
 
     q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
     lse = torch.randn(1, 2, 70)
-    monkeypatch.delenv("TORCH_SM90_SDPA_PDL", raising=False)
+    switch_env.delenv("TORCH_SM90_SDPA_PDL", raising=False)
     assert not cb.make_params(q, q, q, q, q, lse)[0].programmatic_launch
-    monkeypatch.setenv("TORCH_SM90_SDPA_PDL", "1")
+    switch_env.setenv("TORCH_SM90_SDPA_PDL", "1")
     assert cb.make_params(q, q, q, q, q, lse)[0].programmatic_launch
     for off in ("0", "", "yes"):
-        monkeypatch.setenv("TORCH_SM90_SDPA_PDL", off)
+        switch_env.setenv("TORCH_SM90_SDPA_PDL", off)
         assert not cb.make_params(q, q, q, q, q, lse)[0].programmatic_launch
 
 
-def _check_two_way_switch(monkeypatch, var, field, on, off, others, default_key):
-    """make_params reads the environment switch `var` per call into BwdParams.`field`: `on` sets
-    it, `off` clears it, unset or any of `others` gives the built-in default, which build_info()
-    reports under `default_key`."""
+def _check_two_way_switch(switch_env, var, field, on, off, others, default_key):
+    """make_params passes the environment switch `var` (read once; SwitchEnv makes _C read it
+    again) into BwdParams.`field`: `on` sets it, `off` clears it, unset or any of `others`
+    gives the built-in default, which build_info() reports under `default_key`."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
     q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
     lse = torch.randn(1, 2, 70)
     read = lambda: getattr(cb.make_params(q, q, q, q, q, lse)[0], field)  # noqa: E731
-    monkeypatch.delenv(var, raising=False)
+    switch_env.delenv(var, raising=False)
     default = read()
     assert default == _extension.build_info()[default_key]
-    monkeypatch.setenv(var, on)
+    switch_env.setenv(var, on)
     assert read()
-    monkeypatch.setenv(var, off)
+    switch_env.setenv(var, off)
     assert not read()
     for other in others:
-        monkeypatch.setenv(var, other)
+        switch_env.setenv(var, other)
         assert read() == default
     return default
 
 
 @needs_C
-def test_make_params_reads_the_persistent_switch(monkeypatch):
+def test_make_params_reads_the_persistent_switch(switch_env):
     # TORCH_SM90_SDPA_PERSISTENT=1 / 0: the main kernel's CTAs take several tiles each / one
     # tile each (BwdParams.persistent); unset or anything else: the built-in default, which
-    # build_info() reports. Read per call.
-    _check_two_way_switch(monkeypatch, "TORCH_SM90_SDPA_PERSISTENT", "persistent", "1", "0",
+    # build_info() reports. Read once; SwitchEnv re-reads.
+    _check_two_way_switch(switch_env, "TORCH_SM90_SDPA_PERSISTENT", "persistent", "1", "0",
                           ("", "yes", "2"), "persistent_by_default")
 
 
 @needs_C
-def test_make_params_reads_the_prepost_order(monkeypatch):
+def test_make_params_reads_the_prepost_order(switch_env):
     # TORCH_SM90_SDPA_PREPOST_ORDER=reversed / forward: the pre- and postprocess walk the rows
     # last (batch, head) first / first first (BwdParams.prepost_reversed); unset or anything
-    # else: the built-in default, which build_info() reports. Read per call.
-    default = _check_two_way_switch(monkeypatch, "TORCH_SM90_SDPA_PREPOST_ORDER", "prepost_reversed",
+    # else: the built-in default, which build_info() reports. Read once; SwitchEnv re-reads.
+    default = _check_two_way_switch(switch_env, "TORCH_SM90_SDPA_PREPOST_ORDER", "prepost_reversed",
                                     "reversed", "forward", ("", "1", "Reversed"),
                                     "prepost_reversed_by_default")
     assert isinstance(default, bool)
 
 
 @needs_C
-def test_make_params_reads_the_section_switch(monkeypatch):
+def test_make_params_reads_the_section_switch(switch_env):
     # TORCH_SM90_SDPA_SECTION_HEADS=N (N > 0): the main kernel's scheduling sections hold N head
     # groups (BwdParams.heads_per_section, for A/B measurement); unset or anything else: 0, the
-    # launch's own rule. Read per call.
+    # launch's own rule. Read once; SwitchEnv re-reads.
     from torch_sm90_sdpa import _cuda_backend as cb
 
     q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
     lse = torch.randn(1, 2, 70)
-    monkeypatch.delenv("TORCH_SM90_SDPA_SECTION_HEADS", raising=False)
+    switch_env.delenv("TORCH_SM90_SDPA_SECTION_HEADS", raising=False)
     assert cb.make_params(q, q, q, q, q, lse)[0].heads_per_section == 0
-    monkeypatch.setenv("TORCH_SM90_SDPA_SECTION_HEADS", "3")
+    switch_env.setenv("TORCH_SM90_SDPA_SECTION_HEADS", "3")
     assert cb.make_params(q, q, q, q, q, lse)[0].heads_per_section == 3
     for other in ("", "0", "-2", "2x", "many"):
-        monkeypatch.setenv("TORCH_SM90_SDPA_SECTION_HEADS", other)
+        switch_env.setenv("TORCH_SM90_SDPA_SECTION_HEADS", other)
         assert cb.make_params(q, q, q, q, q, lse)[0].heads_per_section == 0
 
 
@@ -551,12 +551,12 @@ def test_make_params_sets_the_dq_accum_order_of_the_head_dims_kernel(d):
 
 @needs_C
 @pytest.mark.parametrize("heads_kv", [4, 1])
-def test_deterministic_workspace_and_order(heads_kv, monkeypatch):
+def test_deterministic_workspace_and_order(heads_kv, switch_env):
     """Deterministic mode: dQ turn semaphores [B, Hq, m-blocks] after the other pieces; GQA keeps
     dK / dV per q head; the order is chosen per problem unless the environment forces one."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
-    monkeypatch.delenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", raising=False)
+    switch_env.delenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", raising=False)
     b, hq, sq, sk, d = 2, 4, 130, 300, 128
     q = torch.randn(b, hq, sq, d, dtype=torch.bfloat16)
     k = v = torch.randn(b, heads_kv, sk, d, dtype=torch.bfloat16)
@@ -579,7 +579,7 @@ def test_deterministic_workspace_and_order(heads_kv, monkeypatch):
     if heads_kv != hq:
         assert ws.dk_accum.shape == (b, hq, skr, d)
     for forced in ("ascending", "descending"):
-        monkeypatch.setenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", forced)
+        switch_env.setenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", forced)
         p, ws = cb.make_params(dout, q, k, v, out, lse, False, 1.0, True)
         assert p.deterministic_order == forced
 

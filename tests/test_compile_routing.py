@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import unittest
-import unittest.mock
 import warnings
 from unittest import mock
 
@@ -30,7 +29,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import torch_sm90_sdpa
-from torch_sm90_sdpa import _extension, compile_pass, policy, routing
+from torch_sm90_sdpa import _extension, compile_pass, eligibility, policy, routing, speed_gate
 from torch_sm90_sdpa import _generated_speed_table as speed_table
 from torch_sm90_sdpa.testing import (AttentionOpRecorder, Block, TinyTransformer, compile_own_graphs,
                                      lm_loss)
@@ -686,7 +685,7 @@ class TestSwitch(unittest.TestCase):
             self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite().uuid())
         with mock.patch.object(policy, "CUDA_DETERMINISTIC_SUPPORTED", False):
             self.assertNotEqual(base, compile_pass.SdpaBackwardRewrite().uuid())
-        with mock.patch.object(policy, "device_capability", lambda dev: (7, 5)), \
+        with mock.patch.object(eligibility, "device_capability", lambda dev: (7, 5)), \
                 mock.patch.object(torch.cuda, "is_available", lambda: True), \
                 mock.patch.object(torch.cuda, "is_initialized", lambda: True), \
                 mock.patch.object(torch.cuda, "device_count", lambda: 1):
@@ -766,13 +765,13 @@ def _fake_sm90(test):
     missing = [dt for dt in (torch.bfloat16, torch.float16) if not _extension.has_variant(D, dt)]
     if missing:
         test.skipTest(f"the head-dim-{D} kernels are not compiled for {missing}")
-    p = mock.patch.object(policy, "device_capability",
+    p = mock.patch.object(eligibility, "device_capability",
                           lambda dev: (9, 0) if dev.type == "cuda" else None)
     p.start()
     test.addCleanup(p.stop)
     # the speed gate's rows follow the GPU model: a model the table has no rows of (every
     # model's rows) unless a test names one, so the gate reads the same on an H200 as here
-    p = mock.patch.object(policy, "device_name", lambda dev: None)
+    p = mock.patch.object(speed_gate, "device_name", lambda dev: None)
     p.start()
     test.addCleanup(p.stop)
 
@@ -949,7 +948,7 @@ flash causal Sq != Sk: causal with Sq != Sk (flash aligns bottom-right)""")
         self.assertEqual(sum(torch_sm90_sdpa.routing_stats()["not_routed"].values()), len(cases))
 
     def test_not_sm90(self):
-        with mock.patch.object(policy, "device_capability", lambda dev: (8, 0)):
+        with mock.patch.object(eligibility, "device_capability", lambda dev: (8, 0)):
             gm, _ = trace_backward("cudnn")
             self.assertEqual(self.rewrite(gm), [("cudnn", policy.R_NOT_SM90)])
 
@@ -1046,7 +1045,7 @@ class TestPolicy(unittest.TestCase):
         with mock.patch.object(_extension, "load", lambda: None), \
                 mock.patch.object(_extension, "unavailable_reason", lambda: "not built"):
             self.assertEqual(_decide_eligible(self.call()).reason, policy.R_NOT_BUILT)
-        with mock.patch.object(policy, "device_capability", lambda dev: (10, 0)):
+        with mock.patch.object(eligibility, "device_capability", lambda dev: (10, 0)):
             self.assertEqual(_decide_eligible(self.call()).reason, policy.R_NOT_SM90)
 
     def test_layouts_tma_cannot_read_are_routed_with_copies(self):
@@ -1157,7 +1156,7 @@ class TestSpeedGate(unittest.TestCase):
             decision = policy.faster_than_stock(call)
             self.assertEqual(decision.reason, policy.R_SLOWER, call.k.shape)
             self.assertIn("GQA", decision.detail)
-        with unittest.mock.patch.dict(os.environ, {"TORCH_SM90_SDPA_GQA_WALK": "1"}):
+        with _extension.switch_env("TORCH_SM90_SDPA_GQA_WALK", "1"):
             self.assertEqual([walks(c) for c in (eight, sixteen)], [8, 16])
             self.assertIn("groups of 8", policy.faster_than_stock(eight).detail)
             self.assertEqual(policy.faster_than_stock(eight).reason, policy.R_SLOWER)
@@ -1167,7 +1166,7 @@ class TestSpeedGate(unittest.TestCase):
         self.assertEqual(walks(gpt), 1)
         self.assertEqual(policy.faster_than_stock(gpt).reason, policy.R_SLOWER)
         gpt.deterministic = False
-        with unittest.mock.patch.dict(os.environ, {"TORCH_SM90_SDPA_GQA_WALK": "0"}):
+        with _extension.switch_env("TORCH_SM90_SDPA_GQA_WALK", "0"):
             self.assertEqual(walks(gpt), 1)
             self.assertEqual(policy.faster_than_stock(gpt).reason, policy.R_SLOWER)
             off = policy.policy_fingerprint()
@@ -1260,7 +1259,7 @@ class TestSpeedGate(unittest.TestCase):
         self.assertEqual(policy.gate_tables(h100).masked, policy.MASKED_FASTER_LENGTHS)
 
         def gate(model, d, s, causal):
-            with mock.patch.object(policy, "device_name", lambda dev: model):
+            with mock.patch.object(speed_gate, "device_name", lambda dev: model):
                 return policy.faster_than_stock(self.call(d, s, "cudnn", causal))
 
         # d128 full at 2k keys: 1.02-1.08x in every H200 run of the shipped kernel, 0.97-1.01x in
@@ -1294,11 +1293,11 @@ class TestSpeedGate(unittest.TestCase):
                 dict(device="B", stock="cudnn", masked=True, head_dim=64, seqlen=1024,
                      case="causal", gqa=False, walk=1, speedup=1.5, source=2)]
         with mock.patch.object(speed_table, "ROWS", rows):
-            self.assertEqual(policy._family_rows("A", "cudnn", False), rows[:1])
-            self.assertEqual(policy._family_rows("B", "cudnn", False), rows[1:2])
-            self.assertEqual(policy._family_rows("C", "cudnn", False), rows[:2])
-            self.assertEqual(policy._family_rows(None, "cudnn", False), rows[:2])
-            self.assertEqual(policy._family_rows("A", "cudnn", True), rows[2:])  # none of A's
+            self.assertEqual(speed_gate._family_rows("A", "cudnn", False), rows[:1])
+            self.assertEqual(speed_gate._family_rows("B", "cudnn", False), rows[1:2])
+            self.assertEqual(speed_gate._family_rows("C", "cudnn", False), rows[:2])
+            self.assertEqual(speed_gate._family_rows(None, "cudnn", False), rows[:2])
+            self.assertEqual(speed_gate._family_rows("A", "cudnn", True), rows[2:])  # none of A's
 
     def test_routed_lengths_come_from_the_measured_table(self):
         rows = [dict(stock="cudnn", masked=False, head_dim=64, seqlen=s, case=c, gqa=False,

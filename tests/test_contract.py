@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from torch_sm90_sdpa import _extension, ops, policy
+from torch_sm90_sdpa import _extension, eligibility, ops, policy
 from torch_sm90_sdpa import _cuda_backend as cb
 from conftest import reference_grads_fp64, rel_err, requires_sm90
 
@@ -112,7 +112,7 @@ def _runtime_verdict(q, k, v, go):
 def test_policy_and_kernel_contract_agree(name, expected, monkeypatch):
     if not _extension.has_variant(D, torch.bfloat16):
         pytest.skip(f"the bf16 head-dim-{D} kernel is not compiled")
-    monkeypatch.setattr(policy, "device_capability", lambda dev: (9, 0))
+    monkeypatch.setattr(eligibility, "device_capability", lambda dev: (9, 0))
     q, k, v, go = _layout(name)
     assert _policy_verdict(q, k, v, go) == expected
     assert _runtime_verdict(q, k, v, go) == expected

@@ -202,7 +202,7 @@ def test_default_enable_keeps_faster_cudnn(compile_env):
 def _table_routed_full_cases():
     """[(head dim, key length)]: built head dims that the speed table routes without a mask
     (MHA, non-causal) on this machine's GPU model, each at the shortest key length it routes:
-    d128 (routed in full attention on the H200 since the twenty-ninth session) and the largest."""
+    d128 (routed in full attention on the H200) and the largest."""
     if not torch.cuda.is_available():
         return []
     model = policy.gate_device(torch.device("cuda", torch.cuda.current_device()))

@@ -67,10 +67,10 @@ def test_deterministic_mask_with_is_causal_and_gqa():
 @pytest.mark.parametrize("order", ["ascending", "descending"])
 @pytest.mark.parametrize("case", ["full long Sk", "causal s4096", "mqa 8/1 causal", "causal Sq > Sk",
                                   "d256 causal", "d64 gqa causal"])
-def test_both_orders(case, order, monkeypatch):
+def test_both_orders(case, order, switch_env):
     """Each DeterministicOrder (forced; the device layer picks one per problem) is repeatable
     and accurate."""
-    monkeypatch.setenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", order)
+    switch_env.setenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", order)
     b, hq, hkv, sq, sk, d, causal = CASES[case]
     run_case(b, hq, hkv, sq, sk, d, torch.bfloat16, causal, seed=3, deterministic=True, repeats=9)
 
@@ -78,7 +78,7 @@ def test_both_orders(case, order, monkeypatch):
 @pytest.mark.parametrize("order", ["ascending", "descending"])
 @pytest.mark.parametrize("kind,is_causal", [("sliding window", False), ("padding left", True),
                                             ("documents", False)])
-def test_both_orders_with_masks(kind, is_causal, order, monkeypatch):
-    monkeypatch.setenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", order)
+def test_both_orders_with_masks(kind, is_causal, order, switch_env):
+    switch_env.setenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", order)
     run_masked(kind, 2, 8, 2, 1500, 1500, 128, torch.bfloat16, is_causal=is_causal,
                deterministic=True, repeats=9)

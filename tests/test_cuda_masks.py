@@ -162,12 +162,12 @@ def test_masks_with_gqa(kind, heads):
                                   "rows without keys", "additive bias", "key padding [B,1,1,Sk]"])
 @pytest.mark.parametrize("heads", [(8, 2), (8, 1)], ids=["gqa", "mqa"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_masks_with_gqa_group_walk(kind, heads, head_dim, monkeypatch):
+def test_masks_with_gqa_group_walk(kind, heads, head_dim, switch_env):
     """TORCH_SM90_SDPA_GQA_WALK=1: a mask shared by the heads lets one CTA walk the whole group
     (a per-head mask, "random per head", keeps one q head per CTA: the same criterion)."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
-    monkeypatch.setenv("TORCH_SM90_SDPA_GQA_WALK", "1")
+    switch_env.setenv("TORCH_SM90_SDPA_GQA_WALK", "1")
     square = kind in ("documents", "padding right")  # (padding right also with is_causal)
     sq, sk = (400, 400) if square else (300, 700)
     q = torch.empty(2, heads[0], sq, head_dim, device=DEV, dtype=torch.bfloat16)

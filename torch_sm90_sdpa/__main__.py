@@ -23,12 +23,12 @@ def _fmt_dtype(d: torch.dtype) -> str:
 def _routing_table(device: torch.device, head_dims, dtypes, *, assume_sm90: bool) -> list:
     """[(head_dim, dtype, 'routed' | reason)] for a typical call (B=2, H=16, S=1024,
     q/k/v as [B, S, H, D] memory, causal) on `device`."""
-    from . import policy, routing
+    from . import eligibility, policy, routing
 
     rows = []
-    saved = policy.device_capability
+    saved = eligibility.device_capability
     if assume_sm90:
-        policy.device_capability = lambda dev: (9, 0) if dev.type == "cuda" else None
+        eligibility.device_capability = lambda dev: (9, 0) if dev.type == "cuda" else None
     try:
         for d in head_dims:
             for dt in dtypes:
@@ -42,7 +42,7 @@ def _routing_table(device: torch.device, head_dims, dtypes, *, assume_sm90: bool
                 dec = policy.decide(call, only_faster=routing.routing_options()["only_faster"])
                 rows.append((d, dt, "routed" if dec.routed else f"{dec.reason}: {dec.detail}"))
     finally:
-        policy.device_capability = saved
+        eligibility.device_capability = saved
     return rows
 
 
@@ -51,7 +51,7 @@ def info(argv=None) -> int:
         prog="python -m torch_sm90_sdpa info",
         description="print build_info() and what would be routed").parse_args(argv)
     import torch_sm90_sdpa
-    from . import _extension, policy, routing
+    from . import _extension, eligibility, policy, routing
 
     print(f"torch_sm90_sdpa {torch_sm90_sdpa.__version__}, torch {torch.__version__}")
     print("build_info():")
@@ -59,7 +59,7 @@ def info(argv=None) -> int:
     print("devices:")
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
-            cap = policy.device_capability(torch.device("cuda", i))
+            cap = eligibility.device_capability(torch.device("cuda", i))
             model = policy.gate_device(torch.device("cuda", i))
             print(f"  cuda:{i} {torch.cuda.get_device_name(i)}, compute capability {cap}"
                   f"{' (SM90: served)' if cap == (9, 0) else ' (not SM90: not served)'}; speed "
@@ -74,7 +74,7 @@ def info(argv=None) -> int:
     head_dims = sorted({64, 96, 128, 192, 256} | compiled)
     dtypes = (torch.bfloat16, torch.float16, torch.float32)
     have_sm90 = torch.cuda.is_available() and any(
-        policy.device_capability(torch.device("cuda", i)) == (9, 0)
+        eligibility.device_capability(torch.device("cuda", i)) == (9, 0)
         for i in range(torch.cuda.device_count()))
     title = ("a causal [2, 16, 1024, D] SDPA call on cuda:0 (cuDNN backward)" if have_sm90 else
              "a causal [2, 16, 1024, D] SDPA call on an SM90 GPU (hypothetical: none here)")

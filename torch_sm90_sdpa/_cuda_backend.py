@@ -24,6 +24,8 @@ import torch
 from torch import Tensor
 
 from . import _extension
+from ._problem import bwd_problem, dense_layout
+from .reference import expand_mask
 
 
 class Workspace(NamedTuple):
@@ -54,14 +56,12 @@ def _round(n: int, r: int) -> int:
 
 def _layout(C, t: Optional[Tensor]):
     if t is None:
-        return C.OperandLayout(batch_stride=8, head_stride=8, row_stride=8)
+        return dense_layout(C)
     return C.OperandLayout.of(t.stride(), t.data_ptr())
 
 
 def mask_view(attn_mask: Tensor, q: Tensor, k: Tensor) -> Tensor:
     """attn_mask as the [B, Hq, Sq, Sk] view the kernels read (stride 0 on broadcast dims)."""
-    from .reference import expand_mask
-
     return expand_mask(attn_mask, q.size(0), q.size(1), q.size(2), k.size(2))
 
 
@@ -69,23 +69,17 @@ def problem_of(grad_out, q, k, v, out, lse, is_causal=False, deterministic=False
                dk=None, dv=None, attn_mask=None):
     """The device layer's _C.BwdProblem of these tensors (with the device's capability)."""
     C = _module()
-    B, Hq, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
     cc = torch.cuda.get_device_capability(q.device) if q.is_cuda else (9, 0)
     # (the SM count plans the split tail: the persistent grid; 0 off the GPU plans none)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 0
-    p = C.BwdProblem(batch=B, heads_q=Hq, heads_kv=Hkv, seqlen_q=Sq, seqlen_k=Sk, head_dim=D,
-                     head_dim_v=v.shape[3], dtype=_extension.dtype_code(q.dtype, -1),
-                     is_causal=bool(is_causal), deterministic=bool(deterministic),
-                     cc_major=cc[0], cc_minor=cc[1], num_sms=sms)
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", grad_out), ("lse", lse),
-                    ("dq", dq), ("dk", dk), ("dv", dv)):
-        setattr(p, name, _layout(C, t))
+    layouts = {name: _layout(C, t) for name, t in (
+        ("q", q), ("k", k), ("v", v), ("out", out), ("dout", grad_out), ("lse", lse),
+        ("dq", dq), ("dk", dk), ("dv", dv))}
     if attn_mask is not None:
-        p.mask_kind = _extension.MASK_KIND_CODES.get(attn_mask.dtype, -1)
         view = mask_view(attn_mask, q, k)
-        p.mask = C.OperandLayout.of(view.stride(), view.data_ptr())
-    return p
+        layouts["mask"] = C.OperandLayout.of(view.stride(), view.data_ptr())
+    return bwd_problem(C, q, k, v, layouts, is_causal=is_causal, deterministic=deterministic,
+                       capability=cc, num_sms=sms, mask=attn_mask)
 
 
 def _workspace(C, problem, device, gqa_accum: Optional[bool]) -> Workspace:

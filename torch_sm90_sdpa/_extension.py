@@ -10,6 +10,10 @@ The reason is remembered and reported by ``build_info()``.
     dtype_code(dtype[, default])   the code of _C's BwdProblem.dtype
     unavailable_reason() -> str | None
     register_cuda_kernel() -> str | None    the C++ CUDA kernel of sdpa_backward (None: done)
+    set_cuda_op(kind) / cuda_op()   which CUDA kernel the op layer installed (build_info's)
+    switches() -> dict              the device layer's experiment switches, as _C read them
+    reload_switches()               make _C read them again from the environment
+    switch_env(var, value)          a context: the switch set (None: unset), then restored
 
 The tables (kernel dtypes and their codes, head dims with a tile) come from the build's
 generated ``_build_config`` (itself generated from ``csrc/generate_instantiations.py``, the one
@@ -17,6 +21,7 @@ statement of the variants); the loaded ``_C`` is the authority on what was compi
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Any, Optional
@@ -29,6 +34,9 @@ _C: Any = None
 _reason: Optional[str] = None
 _variants: frozenset = frozenset()  # {(head_dim, torch.dtype)}
 _cuda_kernel_reason: Optional[str] = "not attempted"
+# Which CUDA kernel sdpa_backward has (build_info()["cuda_op"]), as the op layer (ops.py)
+# installed it: "c++", "python" or None.
+_cuda_op: Optional[str] = None
 
 # The torch dtype of each kernel dtype name of the generator's DTYPES.
 _TORCH_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -158,6 +166,53 @@ def register_stable_abi_probe() -> Optional[str]:
         return f"{type(exc).__name__}: {exc}"
 
 
+def set_cuda_op(kind: Optional[str]) -> None:
+    """Record which CUDA kernel the op layer installed for sdpa_backward ("c++", "python" or
+    None): build_info()["cuda_op"]."""
+    global _cuda_op
+    _cuda_op = kind
+
+
+def cuda_op() -> Optional[str]:
+    return _cuda_op
+
+
+def switches() -> dict:
+    """The device layer's experiment switches (``device::Switches``, registration/bwd_device.h)
+    as _C read them from the environment: {} when _C is not loaded."""
+    mod = load()
+    return dict(mod.switches()) if mod is not None else {}
+
+
+def reload_switches() -> None:
+    """Make _C read its experiment switches (TORCH_SM90_SDPA_GQA_WALK, ...) from the
+    environment again: it reads them once, at first use, so a change of the environment in
+    this process takes effect only after this call. No-op without _C."""
+    mod = load()
+    if mod is not None:
+        mod.reload_switches()
+
+
+@contextlib.contextmanager
+def switch_env(var: str, value: Optional[str]):
+    """Inside the block, the environment variable `var` is `value` (None: unset) and _C's
+    switches are read again; on exit both are restored (also when the block raises)."""
+    old = os.environ.get(var)
+    try:
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+        reload_switches()
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = old
+        reload_switches()
+
+
 def cuda_kernel_reason() -> Optional[str]:
     """Why the C++ CUDA kernel of sdpa_backward is not registered (None when it is)."""
     return _cuda_kernel_reason
@@ -179,9 +234,7 @@ def build_info() -> dict:
         else:
             c_info["variants"] = [tuple(v) for v in c_info.get("variants", [])]
             info.update(c_info)
-        from . import ops  # the op layer knows which CUDA kernel it installed
-
-        info["cuda_op"] = ops.cuda_kernel_kind()
+        info["cuda_op"] = _cuda_op
     return info
 
 

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import policy
+from . import eligibility
 from ._validation import MASK_DTYPES, SUPPORTED_DTYPES, resolve_scale
 from .ops import EagerSdpa
 
@@ -25,8 +25,8 @@ def _cuda_unservable_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
     """Why the SM90 kernel cannot take this CUDA call, or None if it can."""
     if any(t.dtype != q.dtype for t in (k, v)):
         return "query/key/value dtypes differ"
-    return policy.kernel_verdict(q.dtype, q.size(-1), v.size(-1), q.size(1), k.size(1),
-                                 policy.device_capability(q.device),
+    return eligibility.kernel_verdict(q.dtype, q.size(-1), v.size(-1), q.size(1), k.size(1),
+                                 eligibility.device_capability(q.device),
                                  torch.are_deterministic_algorithms_enabled())
 
 

@@ -20,7 +20,7 @@ alignment.
 
 cuDNN nodes: torch hands them a boolean mask as a bias of 0 / -65504 (its
 ``convert_boolean_attn_mask_cudnn``, a workaround for a cuDNN issue with -inf; -65536 in bf16),
-not 0 / -inf: measured on the H200, torch 2.11, ``tools/mask_conversion_probe.py``. Where every
+not 0 / -inf: measured on the H200, torch 2.11, with the probe of commit 2823953. Where every
 user of the mask is a cuDNN node, that exact fill also counts as masked. What the user's program
 asked for is a boolean causal mask, whose SDPA semantics are those of ``is_causal=True``
 exactly; stock cuDNN's result with the -65504 fill equals that in fp32 (every row of a causal

@@ -29,9 +29,9 @@ logger: routed at INFO, not routed at INFO (CUDA) or DEBUG (a CPU node with the 
 off). These are compile-time counts: on an FX graph cache hit the pass does not run.
 
 ``uuid()`` hashes everything that decides what the pass does: its sources and the op's
-(ops.py, policy.py, _validation.py, this file), the routing options, the compiled
-variants (``build_info()``), the GPUs' compute capabilities, the deterministic flag,
-torch's version and the chained user pass's uuid. It is None (no FX graph caching, as
+(ops.py, policy.py, eligibility.py, speed_gate.py, _problem.py, _validation.py, this file),
+the routing options, the compiled variants (``build_info()``), the GPUs' compute
+capabilities, the deterministic flag, torch's version and the chained user pass's uuid. It is None (no FX graph caching, as
 Inductor does for any pass without a uuid) only if the user's chained pass has none.
 """
 from __future__ import annotations
@@ -61,7 +61,9 @@ _BACKEND_BY_TARGET = {op: name for name, op in policy.STOCK_BACKWARD_OPS.items()
 _REWRITE_VERSION = 1
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_FILES = tuple(
-    os.path.join(_PKG_DIR, f) for f in ("compile_pass.py", "policy.py", "ops.py", "_validation.py")
+    os.path.join(_PKG_DIR, f)
+    for f in ("compile_pass.py", "policy.py", "eligibility.py", "speed_gate.py", "_problem.py",
+              "ops.py", "_validation.py")
 )
 
 # Compile-time decisions in this process: ("routed", backend) and ("not routed", reason).

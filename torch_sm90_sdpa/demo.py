@@ -28,7 +28,7 @@ import torch
 import torch._inductor.config
 import torch.nn as nn
 
-from . import _extension, policy, routing
+from . import _extension, eligibility, policy, routing
 from .testing import AttentionOpRecorder, TinyTransformer, compile_own_graphs, lm_loss
 
 
@@ -52,7 +52,7 @@ def _pick_device(requested: str, head_dim: int, heads: int, kv_heads: int,
         return "cpu", "--device cpu"
     if not torch.cuda.is_available():
         return "cpu", "no CUDA GPU"
-    cap = policy.device_capability(torch.device("cuda"))
+    cap = eligibility.device_capability(torch.device("cuda"))
     why = policy.kernel_verdict(dtype, head_dim, head_dim, heads, kv_heads, cap,
                                 torch.are_deterministic_algorithms_enabled())
     if why is None:

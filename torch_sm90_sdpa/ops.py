@@ -39,7 +39,8 @@ import torch
 from torch import Tensor
 
 from . import _extension, _validation
-from .reference import attention_backward_reference, attention_forward_reference
+from ._cuda_backend import sdpa_backward_python
+from .reference import attention_backward_reference, attention_forward_reference, expand_mask
 
 log = logging.getLogger("torch_sm90_sdpa")
 
@@ -126,8 +127,6 @@ def cuda_kernel_kind():
 
 def _sdpa_backward_cuda_python(grad_out, q, k, v, out, lse, is_causal=False, scale=None,
                                deterministic=False, attn_mask=None):
-    from ._cuda_backend import sdpa_backward_python
-
     scale = _validation.resolve_scale(scale, q)
     _check_and_count_direct_call("cuda", grad_out, q, k, v, out, lse, scale, attn_mask)
     return sdpa_backward_python(grad_out, q, k, v, out, lse, is_causal, scale, deterministic,
@@ -148,12 +147,14 @@ def _install_cuda_kernel() -> None:
     why = _extension.register_cuda_kernel()
     if why is None:
         _cuda_kernel = "c++"
+        _extension.set_cuda_op(_cuda_kernel)
         return
     if _extension.load() is not None:
         log.warning("torch_sm90_sdpa: the C++ CUDA kernel of sdpa_backward could not be "
                     "registered (%s); using the Python path (slower host side)", why)
         _lib.impl("sdpa_backward", _sdpa_backward_cuda_python, "CUDA")
         _cuda_kernel = "python"
+        _extension.set_cuda_op(_cuda_kernel)
     else:
         _lib.impl("sdpa_backward", _sdpa_backward_cuda_unavailable, "CUDA")
 
@@ -192,8 +193,6 @@ def _efficient_bias(bias: Tensor, q: Tensor, k: Tensor) -> Tensor:
     """The bias as the memory-efficient kernel takes it: [B, Hq, Sq, Sk], its strides multiples
     of 16 elements (a copy with padded rows where they are not, as SDPA's frontend makes),
     broadcast dims with stride 0."""
-    from .reference import expand_mask
-
     while bias.dim() < 4:
         bias = bias.unsqueeze(0)
     sk = bias.size(-1)
@@ -414,9 +413,10 @@ class EagerSdpa(torch.autograd.Function):
     plain autograd.Function: what the eager drop-in applies outside torch.compile. The custom
     op's generated autograd node cost more host time per backward than a plain Function
     around the same ops (H200, synchronized call, event time over the op's, d128 causal b32
-    s512: 0.123 against 0.071 ms, cuDNN's own public path 0.069 ms; `public_path_probe.py
-    --nodes`); with this class the drop-in's extra per call back to back at up to 2k keys fell
-    from 0.098 to 0.078 ms (median over bench_bwd's rows; BENCHMARKS.md, twenty-first session).
+    s512: 0.123 against 0.071 ms, cuDNN's own public path 0.069 ms; measured with the
+    `--nodes` probe of commit 22b1ca0); with this class the drop-in's extra per call back to
+    back at up to 2k keys fell from 0.098 to 0.078 ms (median over bench_bwd.py's rows, commit
+    c886836).
     Compiled graphs keep the custom op (its fake kernel and the rewrite need it).
 
     apply(q, k, v, is_causal, scale, enable_gqa, attn_mask) -> (out, lse), shapes as ``sdpa``.

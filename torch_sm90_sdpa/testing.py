@@ -124,8 +124,8 @@ def compile_own_graphs(model: nn.Module, variant: str) -> Callable:
     """``torch.compile`` of calls of `model` (same arguments) through a function of its own.
     Two ``torch.compile(model)`` of one class in one process share Dynamo's compiled graphs:
     a copy compiled after ``disable()`` runs the routed graph of one compiled under
-    ``enable()``, and the reverse (the demo's stock model did so until the seventeenth
-    session). Each `variant` compiled here has graphs of its own, compiled when first called."""
+    ``enable()``, and the reverse (the demo's stock model did so before commit 1d94611). Each
+    `variant` compiled here has graphs of its own, compiled when first called."""
     return functools.partial(torch.compile(with_own_code(_call_model, variant)), model)
 
 
