@@ -136,9 +136,6 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
                                    static_cast<int>(std::min<int64_t>(hps, total_heads)), n_block_major,
                                    reverse_n, p.tile_counter, /*split_tiles=*/0, /*split_m_blocks=*/0};
 
-  static_assert(Kernel::kPersistentCapable == persistent_capable_head_dim(kHeadDim),
-                "bwd_params.h's persistent_capable_head_dim (the device layer's split-tail plan) must say "
-                "which head dims run persistent CTAs");
   // Persistent: one CTA per SM (the shared memory allows one), each taking tiles in turn.
   // Not for GQA's fp32 dK / dV accumulators (their tiles take the mainloop's shared memory)
   // nor in deterministic mode (its turns are laid out for one CTA per tile).

@@ -47,12 +47,6 @@ constexpr bool dq_accum_permuted_for(int head_dim) {
   return head_dim == 64 || head_dim == 192 || head_dim == 256;
 }
 
-// Whether the main kernel of a head dim can run persistent CTAs (its dK / dV epilogue tiles fit
-// outside the mainloop's shared memory: BwdKernel::kPersistentCapable, which
-// launch_bwd_main checks against this). The device layer plans the split tail with it. Every
-// head dim built today can (d256 since its tiles take the dQ staging tile in turn).
-constexpr bool persistent_capable_head_dim(int head_dim) { return head_dim > 0; }
-
 // The score bounds of an additive mask's classification: at most this many CTAs share the rows
 // of one block (a block of a broadcast mask covers every batch and head); the workspace holds
 // as many partial results (BwdParams::bounds_partial).

@@ -75,6 +75,7 @@ for (b, hq, hkv, sq, sk, d, causal, kind, deterministic), walk in RUNS:
         continue
     ran += 1
     os.environ["TORCH_SM90_SDPA_GQA_WALK"] = walk
+    _extension.reload_switches()  # (the device layer reads its switches once)
     q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     mask = make_mask(kind, b, sq, sk) if kind else None

@@ -64,6 +64,9 @@ struct BwdKernel {
   // A CTA may take several tiles only when the epilogue's shared memory is not the mainloop's
   // (the producer loads the next tile's K, V, Q and dO while the epilogue runs).
   static constexpr bool kPersistentCapable = Epilogue::kTilesOutsideMainloop;
+  // Every variant's dK / dV epilogue tiles fit outside the mainloop's shared memory, so every
+  // CTA can take tiles in turn (the tile loops below and the device layer's split tail assume it).
+  static_assert(kPersistentCapable, "a main-kernel variant without persistent CTAs");
   // The split tail (tile_scheduler.h) is for full attention: not in the masked kernel, whose
   // scheduler code stays that of whole tiles.
   static constexpr bool kSplitTail = kPersistentCapable && !Mainloop::kMasked;
@@ -198,14 +201,10 @@ struct BwdKernel {
   // from the scheduler's counter each time it is done issuing an item's loads (a unit is a
   // tile, or a split-tail piece of one or two fragments: Scheduler), until the units run out;
   // each item id (and last, items_end: the end) goes to the two-slot ring before the item's
-  // loads. A variant that cannot be persistent (none built today) has no tile loop at all: one
-  // around its MMA warps' code keeps per-thread addresses live across it (d256 spills 580 B
-  // with it, 0 without; all of it outside the m-loop, docs/KERNEL.md).
+  // loads.
   template <class F>
   CUTE_DEVICE static void produce_tiles(Params const& params, SharedStorage& ss, F&& f) {
-    if constexpr (!kPersistentCapable) {
-      run_item(params, static_cast<int>(blockIdx.x), f);
-    } else {
+    {
       int const num_tiles = static_cast<int>(Scheduler::num_tiles(params.scheduler));
       int const end = items_end(params);
       bool const persistent = static_cast<int>(gridDim.x) < num_tiles;
@@ -238,9 +237,7 @@ struct BwdKernel {
   // The dQ writer warp and the MMA warps: the items the producer hands on, in its order.
   template <class F>
   CUTE_DEVICE static void consume_tiles(Params const& params, SharedStorage& ss, F&& f) {
-    if constexpr (!kPersistentCapable) {
-      run_item(params, static_cast<int>(blockIdx.x), f);
-    } else {
+    {
       int const end = items_end(params);
       CUTLASS_PRAGMA_NO_UNROLL
       for (int i = 0;; ++i) {
