@@ -147,7 +147,7 @@ aten::_scaled_dot_product_flash_attention_for_cpu x3
 torch_sm90_sdpa::sdpa_backward x3""")
         stats = torch_sm90_sdpa.routing_stats()
         self.assertEqual(stats["routed_calls"], 6)
-        self.assertEqual(stats["routed_nodes"], {"cpu_flash": 3})
+        self.assertEqual(stats["routed_nodes"], {"cpu": 3})
         self.assertEqual(stats["not_routed"], {})
         self.assertEqual(self.fx_cache(), (2, 0, 0))
 
@@ -213,7 +213,7 @@ torch_sm90_sdpa::sdpa_backward x3""")
         self.assertExpectedInline(backward_graph_ops(self.recorder), """\
 torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward""")
         stats = torch_sm90_sdpa.routing_stats()
-        self.assertEqual(stats["routed_nodes"], {"cpu_flash": 3})
+        self.assertEqual(stats["routed_nodes"], {"cpu": 3})
         self.assertEqual(stats["not_routed"], {})
         grads = [t.grad.clone() for t in (q, k, v)]
         for t in (q, k, v):
@@ -249,7 +249,7 @@ torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sd
         self.assertExpectedInline(backward_graph_ops(self.recorder), """\
 torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward""")
         stats = torch_sm90_sdpa.routing_stats(reset=True)
-        self.assertEqual((stats["routed_nodes"], stats["not_routed"]), ({"cpu_flash": 2}, {}))
+        self.assertEqual((stats["routed_nodes"], stats["not_routed"]), ({"cpu": 2}, {}))
         # the padding mask is a graph input: no causal proof, the mask stays
         self.assertEqual(list(stats["causal_masks"]), ["kept: depends on graph inputs"])
         stock(input_ids=ids, attention_mask=attention_mask, labels=labels).loss.backward()
@@ -491,7 +491,7 @@ padding input: (['kept: depends on graph inputs'], [(False, True)])""")
         # the warm enabled run counted its calls although the pass did not run
         stats = torch_sm90_sdpa.routing_stats()
         self.assertEqual(stats["routed_calls"], 4)
-        self.assertEqual(stats["routed_nodes"], {"cpu_flash": 1})
+        self.assertEqual(stats["routed_nodes"], {"cpu": 1})
 
     def test_layout_copy_when_strides_differ(self):
         """The CPU stock backward returns [B, S, H, D] memory; for a [B, H, S, D]-contiguous

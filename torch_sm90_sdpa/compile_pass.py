@@ -70,6 +70,8 @@ _SOURCE_FILES = tuple(
 decision_counts: collections.Counter = collections.Counter()
 # The last decisions, newest last: (backend, Decision, description).
 recent_decisions: collections.deque = collections.deque(maxlen=256)
+# Graphs the pass ran on in this process (routing_stats()["graphs_compiled"]).
+graphs_examined = 0
 
 _Base = getattr(_cgp, "CustomInferenceAwareGraphPass", _cgp.CustomGraphPass)
 
@@ -130,6 +132,8 @@ class SdpaBackwardRewrite(_Base):
         self.user_pass = user_pass
 
     def __call__(self, graph: torch.fx.Graph, is_inference: Optional[bool] = None) -> None:
+        global graphs_examined
+        graphs_examined += 1
         rewrite_graph(graph, cpu_route=self.cpu, only_faster=self.only_faster)
         run_user_passes(self.user_pass, graph, is_inference)
 

@@ -183,6 +183,7 @@ def run(args) -> int:
             if device == "cuda":
                 torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
+            summary = routing.routing_summary()  # while routing is on
     finally:
         torch._inductor.config.post_grad_custom_post_pass = saved_pass
     errs = grad_errors(routed_model, stock)
@@ -196,8 +197,10 @@ def run(args) -> int:
     if recorder.graphs:
         for op in sorted(set(bw)):
             _say(f"  {bw.count(op)} x {op}")
+        internal = {key: name for name, key in routing.BACKEND_KEYS.items()}
         for backend, n in stats["routed_nodes"].items():
-            _say(f"  replaced: {n} x {policy.STOCK_BACKWARD_OPS[backend]} "
+            op = policy.STOCK_BACKWARD_OPS[internal.get(backend, backend)]
+            _say(f"  replaced: {n} x {op} "
                  "-> torch_sm90_sdpa.sdpa_backward")
         for reason, n in stats["not_routed"].items():
             _say(f"  kept stock: {n} x ({reason})")
@@ -207,7 +210,7 @@ def run(args) -> int:
     first_calls = stats["routed_calls"]
     _say(f"  torch_sm90_sdpa.sdpa_backward ran {first_calls} times in the first backward "
          f"({len(base.blocks)} attention layers)")
-    _say("routing_stats(): " + str({k: v for k, v in stats.items() if k not in ("enabled", "cpu", "only_faster")}))
+    _say("routing_stats(summary=True): " + summary)
 
     # 4. gradients
     _say("")

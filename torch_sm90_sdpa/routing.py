@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import torch._inductor.config as inductor_config
+from . import ops
 
-from . import causal_masks, compile_pass, ops
+if TYPE_CHECKING:
+    from . import causal_masks, compile_pass
 
 log = logging.getLogger("torch_sm90_sdpa")
 
@@ -39,6 +41,25 @@ _ENV_OFF = ("", "0", "off", "false", "no")
 _ENV_CUDA = ("1", "on", "true", "yes", "cuda")
 _ENV_CPU = ("cpu",)
 _ENV_ALL = ("all",)
+
+# Importing the package must not import torch._inductor (about a second): the passes and
+# Inductor's config are imported on the first enable(). Until then no pass of ours can be
+# installed, so the readers below answer without importing them.
+_PASS_MODULE = __package__ + ".compile_pass"
+_MASK_MODULE = __package__ + ".causal_masks"
+
+
+def _inductor_config():
+    import torch._inductor.config as inductor_config
+
+    return inductor_config
+
+
+def _passes():
+    """(compile_pass, causal_masks), importing them (and Inductor) if needed."""
+    from . import causal_masks, compile_pass
+
+    return compile_pass, causal_masks
 
 
 class _RoutingState:
@@ -53,6 +74,7 @@ class _RoutingState:
         return self
 
     def __exit__(self, *exc) -> None:
+        inductor_config = _inductor_config()
         inductor_config.post_grad_custom_post_pass = self._previous
         inductor_config.joint_custom_pre_pass = self._previous_joint
 
@@ -60,23 +82,30 @@ class _RoutingState:
         return f"<torch_sm90_sdpa routing: {routing_options()}>"
 
 
-def _current_pass() -> Optional[compile_pass.SdpaBackwardRewrite]:
-    p = inductor_config.post_grad_custom_post_pass
+def _current_pass() -> Optional["compile_pass.SdpaBackwardRewrite"]:
+    compile_pass = sys.modules.get(_PASS_MODULE)
+    if compile_pass is None:  # never imported: none of our passes can be installed
+        return None
+    p = _inductor_config().post_grad_custom_post_pass
     return p if isinstance(p, compile_pass.SdpaBackwardRewrite) else None
 
 
-def _current_joint_pass() -> Optional[causal_masks.CausalMaskPass]:
-    p = inductor_config.joint_custom_pre_pass
+def _current_joint_pass() -> Optional["causal_masks.CausalMaskPass"]:
+    causal_masks = sys.modules.get(_MASK_MODULE)
+    if causal_masks is None:
+        return None
+    p = _inductor_config().joint_custom_pre_pass
     return p if isinstance(p, causal_masks.CausalMaskPass) else None
 
 
 def _set_causal_masks(on: bool) -> None:
     ours = _current_joint_pass()
     if on and ours is None:
-        inductor_config.joint_custom_pre_pass = causal_masks.CausalMaskPass(
+        inductor_config = _inductor_config()
+        inductor_config.joint_custom_pre_pass = _passes()[1].CausalMaskPass(
             user_pass=inductor_config.joint_custom_pre_pass)
     elif not on and ours is not None:
-        inductor_config.joint_custom_pre_pass = ours.user_pass
+        _inductor_config().joint_custom_pre_pass = ours.user_pass
 
 
 def _dynamo_has_compiled() -> bool:
@@ -113,6 +142,8 @@ def enable(cpu: bool = False, only_faster: bool = True,
     ``torch.compile``: a warning is logged when Dynamo already compiled code in this process,
     whose graphs keep the routing they were compiled with (also for new instances of the same
     model classes) until ``torch._dynamo.reset()``."""
+    compile_pass, _ = _passes()
+    inductor_config = _inductor_config()
     previous = inductor_config.post_grad_custom_post_pass
     state = _RoutingState(previous, inductor_config.joint_custom_pre_pass)
     _set_causal_masks(causal_masks)
@@ -136,7 +167,7 @@ def disable() -> None:
     ours = _current_pass()
     if ours is None:
         return
-    inductor_config.post_grad_custom_post_pass = ours.user_pass
+    _inductor_config().post_grad_custom_post_pass = ours.user_pass
     log.info("routing disabled")
     _warn_if_compiled_before("disabled")
 
@@ -153,46 +184,197 @@ def routing_options() -> dict:
             "causal_masks": _current_joint_pass() is not None}
 
 
-def routing_stats(reset: bool = False) -> dict:
+# The stock backward nodes, in routing_stats(): SDPA's backends as torch names them
+# (torch.nn.attention.SDPBackend), "cpu" for the CPU flash kernel SDPA runs on the CPU.
+BACKEND_KEYS = {"cudnn": "cudnn", "flash": "flash", "efficient": "efficient", "cpu_flash": "cpu"}
+BACKEND_WORDS = {
+    "cudnn": "cuDNN attention", "flash": "FlashAttention",
+    "efficient": "memory-efficient attention",
+    "cpu": "CPU flash attention",
+}
+# Hints for the reasons the summary mentions: what would route those calls.
+_REASON_HINTS = {
+    "CPU route off": "enable(cpu=True) routes CPU calls to the CPU reference",
+    "stock backward is faster here": "enable(only_faster=False) routes them anyway",
+    "not an SM90 GPU": "the kernels run on Hopper (compute capability 9.0) only",
+    "SM90 kernels not built": "torch_sm90_sdpa._C was built without them: build_info() says why",
+    "head dim not compiled": "build_info()['variants'] lists the compiled head dims",
+}
+# torch.compile's cache hits (torch._dynamo.utils.counters) at the last reset_stats().
+_cache_hits_at_reset = 0
+
+
+def _cache_hits() -> int:
+    """Graphs (forward, backward) torch.compile served from its caches in this process, from
+    torch's counters (0 when Dynamo never ran): Inductor's FX graph cache hits, one per graph,
+    which an AOTAutograd cache hit also makes for the graphs it loads; AOTAutograd's own hits
+    (one per forward-backward pair) where those are fewer (bundled entries)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return 0
+    try:
+        return max(int(counters["inductor"].get("fxgraph_cache_hit", 0)),
+                   int(counters["aot_autograd"].get("autograd_cache_hit", 0)))
+    except Exception:
+        return 0
+
+
+def routing_stats(reset: bool = False, summary: bool = False):
     """What the rewrite did in this process::
 
         {
-          "enabled": bool, "cpu": bool, "only_faster": bool,  # the current options
+          "enabled": bool, "cpu": bool,        # the current options (see enable())
+          "only_faster": bool,
           "routed_calls": int,                 # RUN TIME: calls of our backward op made by
           "routed_calls_by_device": {...},     #   compiled graphs (also after a cache hit)
-          "routed_nodes": {backend: int},      # COMPILE TIME: stock backward nodes replaced
-          "not_routed": {reason: int},         # COMPILE TIME: nodes kept, by reason
+          "routed_nodes": {backend: int},      # COMPILE TIME: stock backward nodes replaced,
+                                               #   by SDPA backend: "cudnn", "flash",
+                                               #   "efficient" (CUDA) or "cpu"
+          "not_routed": {reason: int},         # COMPILE TIME: stock backward nodes kept, by reason
           "causal_masks": {outcome: int},      # COMPILE TIME: SDPA nodes whose mask was
-        }                                      #   dropped (proved causal) or kept, and why
+                                               #   dropped (proved causal) or kept, and why
+          "graphs_compiled": int,              # COMPILE TIME: graphs Inductor compiled with
+                                               #   routing on (each examined by the rewrite)
+          "graphs_from_cache": int,            # graphs torch.compile served from its caches
+                                               #   (FX graph / AOTAutograd): not examined again
+          "note": str,                         # why routed_calls and routed_nodes disagree, if
+        }                                      #   they do ("" otherwise)
 
     Compile-time counts only grow when Inductor actually compiles a graph: a graph served
-    by the FX graph cache (or by AOTAutograd's cache) is not re-examined, so they stay zero
-    for it, while ``routed_calls`` counts every call whatever compiled the graph. A graph
-    replayed as a CUDA graph (``mode="reduce-overhead"``) does not run Python, so its
+    by the FX graph cache (or by AOTAutograd's cache) is not re-examined (its routing was
+    decided when it was first compiled: the routing options are part of the cache key), so
+    ``routed_nodes`` stays ``{}`` for it while ``routed_calls`` counts every call whatever
+    compiled the graph; ``graphs_from_cache`` counts those graphs and ``note`` says so. A
+    graph replayed as a CUDA graph (``mode="reduce-overhead"``) does not run Python, so its
     replays are not in ``routed_calls`` either. ``reset=True`` zeroes every count after
-    reading them.
+    reading them. ``summary=True`` returns the same as one paragraph of text
+    (:func:`routing_summary`) instead of the dict.
+
+    Reading the counts never imports ``torch._inductor``.
     """
-    counts = compile_pass.decision_counts
+    compile_pass = sys.modules.get(_PASS_MODULE)
+    causal_masks = sys.modules.get(_MASK_MODULE)
+    counts = compile_pass.decision_counts if compile_pass is not None else {}
     calls = ops.routed_calls()
+    routed_nodes: dict = {}
+    for (kind, what), n in sorted(counts.items()):
+        if kind == "routed":
+            key = BACKEND_KEYS.get(what, what)
+            routed_nodes[key] = routed_nodes.get(key, 0) + n
+    graphs_compiled = compile_pass.graphs_examined if compile_pass is not None else 0
+    from_cache = max(0, _cache_hits() - _cache_hits_at_reset)
     stats = {
         **routing_options(),
         "routed_calls": sum(calls.values()),
         "routed_calls_by_device": dict(calls),
-        "routed_nodes": {k[1]: n for k, n in sorted(counts.items()) if k[0] == "routed"},
+        "routed_nodes": routed_nodes,
         "not_routed": {k[1]: n for k, n in sorted(counts.items()) if k[0] == "not routed"},
-        "causal_masks": dict(sorted(causal_masks.decision_counts.items())),
+        "causal_masks": (dict(sorted(causal_masks.decision_counts.items()))
+                         if causal_masks is not None else {}),
+        "graphs_compiled": graphs_compiled,
+        "graphs_from_cache": from_cache,
     }
+    stats["note"] = _note(stats)
     if reset:
         reset_stats()
-    return stats
+    return _summary_text(stats) if summary else stats
+
+
+def routing_summary(reset: bool = False) -> str:
+    """:func:`routing_stats` as one paragraph: what was routed, what was not and why, and
+    what the compile cache served."""
+    return routing_stats(reset=reset, summary=True)
+
+
+def _note(stats: dict) -> str:
+    nodes = sum(stats["routed_nodes"].values())
+    if stats["routed_calls"] and not nodes:
+        if stats["graphs_from_cache"]:
+            return ("routed_calls come from graphs served by torch.compile's cache "
+                    f"({stats['graphs_from_cache']} graph(s)): their nodes were routed when "
+                    "they were first compiled and are not counted in routed_nodes")
+        return ("routed_calls come from graphs compiled before the last reset_stats() or "
+                "served by a cache: their nodes are not counted in routed_nodes")
+    if stats["graphs_from_cache"]:
+        return (f"{stats['graphs_from_cache']} graph(s) came from torch.compile's cache: "
+                "routed_nodes / not_routed count only the graphs compiled in this process")
+    return ""
+
+
+def _plural(n: int, one: str, many: Optional[str] = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def _summary_text(stats: dict) -> str:
+    parts = []
+    if stats["enabled"]:
+        parts.append("Routing is on ("
+                     + ("CUDA and CPU calls; CPU calls go to the CPU reference"
+                        if stats["cpu"] else "CUDA calls only: enable(cpu=True) adds CPU calls")
+                     + ("; CUDA calls only where our kernel measured faster than stock"
+                        if stats["only_faster"] else "; every eligible CUDA call") + ").")
+    else:
+        parts.append("Routing is off: torch_sm90_sdpa.enable() (or TORCH_SM90_SDPA=1) before "
+                     "torch.compile routes the attention backward of compiled graphs.")
+    routed = stats["routed_nodes"]
+    kept = stats["not_routed"]
+    n_routed, n_kept = sum(routed.values()), sum(kept.values())
+    g = stats["graphs_compiled"]
+    if g or n_routed or n_kept:
+        text = (f"When compiling {_plural(g, 'graph')} in this process the rewrite routed "
+                f"{_plural(n_routed, 'stock attention backward')} to torch_sm90_sdpa")
+        if routed:
+            text += " (" + ", ".join(f"{n} {BACKEND_WORDS.get(b, b)}"
+                                     for b, n in routed.items()) + ")"
+        if kept:
+            why = []
+            for reason, n in kept.items():
+                hint = _REASON_HINTS.get(reason)
+                why.append(f"{n} because {reason}" + (f" ({hint})" if hint else ""))
+            text += f" and kept {n_kept} on stock: " + "; ".join(why)
+        else:
+            text += " and kept none on stock"
+        parts.append(text + ".")
+    elif stats["enabled"] and not stats["graphs_from_cache"]:
+        parts.append("No graph was compiled with routing on in this process (eager calls are "
+                     "not routed: only torch.compile'd graphs are).")
+    c = stats["graphs_from_cache"]
+    if c:
+        parts.append(f"{_plural(c, 'graph')} came from torch.compile's cache and "
+                     f"{'was' if c == 1 else 'were'} not examined again: the routing of "
+                     f"{'its' if c == 1 else 'their'} attention backwards was decided when "
+                     f"{'it was' if c == 1 else 'they were'} first compiled (with the same "
+                     "routing options: they are part of the cache key), so those count in "
+                     "the calls below but not as routed or kept nodes.")
+    calls = stats["routed_calls"]
+    if calls:
+        by_dev = ", ".join(f"{n} on {d}" for d, n in stats["routed_calls_by_device"].items())
+        parts.append(f"At run time compiled graphs called the torch_sm90_sdpa backward "
+                     f"{_plural(calls, 'time')} ({by_dev}).")
+    elif n_routed:
+        parts.append("At run time no compiled graph has called the torch_sm90_sdpa backward "
+                     "yet (no backward ran, or CUDA graphs replayed it without Python).")
+    masks = stats["causal_masks"]
+    if masks:
+        parts.append("Masks: " + "; ".join(f"{n} {outcome}" for outcome, n in masks.items())
+                     + " (a dropped mask was proved causal and became is_causal=True).")
+    return " ".join(parts)
 
 
 def reset_stats() -> None:
     """Zero the counts of :func:`routing_stats`."""
+    global _cache_hits_at_reset
     ops.reset_routed_calls()
-    compile_pass.decision_counts.clear()
-    causal_masks.decision_counts.clear()
-    compile_pass.recent_decisions.clear()
+    _cache_hits_at_reset = _cache_hits()
+    compile_pass = sys.modules.get(_PASS_MODULE)
+    if compile_pass is not None:
+        compile_pass.decision_counts.clear()
+        compile_pass.recent_decisions.clear()
+        compile_pass.graphs_examined = 0
+    causal_masks = sys.modules.get(_MASK_MODULE)
+    if causal_masks is not None:
+        causal_masks.decision_counts.clear()
 
 
 def apply_env(value: Optional[str] = None) -> Optional[_RoutingState]:
