@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import _extension, _validation
 from ._problem import bwd_problem, dense_layout
@@ -166,6 +165,10 @@ def _known(cond) -> bool:
     """True only if `cond` holds for every value of its symbols (never guards)."""
     if isinstance(cond, bool):
         return cond
+    # a symbolic condition comes from a compile, which has imported this (sympy: a third of a
+    # second that importing the package does not pay)
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
     return statically_known_true(cond)
 
 
