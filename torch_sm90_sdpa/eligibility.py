@@ -352,6 +352,13 @@ def kernel_decision(q, k, v, out, grad_out, *, is_causal: bool, deterministic: b
         return _no(R_NOT_BUILT, str(_extension.unavailable_reason()))
     if any(t.dtype != q.dtype for t in (k, v, out, grad_out)):
         return _no(R_DTYPE, f"mixed dtypes {[str(t.dtype) for t in (q, k, v, out, grad_out)]}")
+    if q.dtype not in _extension.KERNEL_DTYPES:  # said here in words (C++ knows only codes)
+        served = " and ".join(_extension.dtype_name(_extension.dtype_code(d))
+                              for d in _extension.KERNEL_DTYPES)
+        also = (" (CPU calls of this dtype go to the CPU reference with enable(cpu=True))"
+                if q.dtype in CPU_DTYPES else "")
+        return _no(R_DTYPE, f"{str(q.dtype).replace('torch.', '')}: the SM90 kernels serve "
+                            f"{served} only{also}")
     head_dim, head_dim_v = q.size(-1), v.size(-1)
     if not (isinstance(head_dim, int) and isinstance(head_dim_v, int)):
         return _no(R_HEAD_DIM_SYMBOLIC, f"head dim {head_dim}, {head_dim_v}")
