@@ -1,12 +1,12 @@
-"""``python -m torch_sm90_sdpa demo``: train a small compiled transformer with the rewrite.
+"""python -m torch_sm90_sdpa demo: train a small compiled transformer with the rewrite.
 
 What it shows, in order:
 
 1. where it runs: on an SM90 GPU with a compiled kernel for the model's head dim, the
-   CUDA route (bf16 autocast); anywhere else the CPU route (``enable(cpu=True)``: the
-   op's CPU reference, fp32), and it says so;
+   CUDA route (bf16 autocast); anywhere else the CPU route (enable(cpu=True): the op's
+   CPU reference, fp32), and it says so;
 2. the stock attention backward ops of the compiled backward graph that were replaced
-   (recorded from the graph after the rewrite) and :func:`routing_stats`;
+   (recorded from the graph after the rewrite) and routing_stats(summary=True);
 3. gradient agreement: each parameter's gradient of the first step against an uncompiled
    stock run (max relative error = max |g - g_stock| / max |g_stock|), next to the
    compiled-stock error (the noise of compilation alone) where a compiled stock model runs;
@@ -14,7 +14,7 @@ What it shows, in order:
 5. on Hopper: step time and attention-backward GPU time (torch.profiler) against the same
    model compiled without the rewrite, interleaved.
 
-The model is :class:`torch_sm90_sdpa.testing.TinyTransformer`, which the tests compile too.
+The model is torch_sm90_sdpa.testing.TinyTransformer, which the tests compile too.
 """
 from __future__ import annotations
 
@@ -25,11 +25,14 @@ import sys
 import time
 
 import torch
-import torch._inductor.config
 import torch.nn as nn
 
 from . import _extension, eligibility, policy, routing
-from .testing import AttentionOpRecorder, TinyTransformer, compile_own_graphs, lm_loss
+
+# The help text (the docstring is plain text: argparse prints it as it is).
+_desc = __doc__.split(": ", 1)[1].strip()
+DESCRIPTION = _desc[0].upper() + _desc[1:]
+SUMMARY = "train a small compiled transformer with the rewrite"
 
 
 # ---------------------------------------------------------------------------------------
@@ -82,6 +85,8 @@ def _strip_compile_prefix(name: str) -> str:
 
 
 def _step(model, tokens, opt, autocast_dtype, device):
+    from .testing import lm_loss  # (testing and the run import Inductor: not the --help)
+
     with torch.autocast(device_type=device, dtype=autocast_dtype,
                         enabled=autocast_dtype is not None):
         loss = lm_loss(model(tokens), tokens)
@@ -135,6 +140,10 @@ def _attention_backward_ms(fn, iters: int) -> float:
 
 
 def run(args) -> int:
+    import torch._inductor.config
+
+    from .testing import AttentionOpRecorder, TinyTransformer, compile_own_graphs
+
     head_dim = args.dim // args.heads
     cuda_dtype = torch.bfloat16
     device, why = args.resolved_device, args.device_why
@@ -287,13 +296,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-causal", action="store_true",
                    help="bidirectional self-attention (is_causal=False, no mask), as an encoder; "
                         "the loss is still next-token prediction (for timing, not to learn)")
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab", type=int, default=256, help="vocabulary size (default 256)")
+    p.add_argument("--lr", type=float, default=1e-3,
+                   help="AdamW learning rate (default 0.001)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the model's initial weights and the tokens (default 0)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto: cuda on an SM90 GPU with a compiled kernel, else cpu")
-    p.add_argument("--timing-iters", type=int, default=10, help="timed steps per round (CUDA)")
-    p.add_argument("--timing-rounds", type=int, default=3, help="interleaved rounds (CUDA)")
+                   help="auto (default): cuda on an SM90 GPU with a compiled kernel for the "
+                        "model's head dim, else cpu")
+    p.add_argument("--timing-iters", type=int, default=10,
+                   help="timed steps per round, CUDA only (default 10)")
+    p.add_argument("--timing-rounds", type=int, default=3,
+                   help="interleaved rounds of stock and rewritten steps, CUDA only (default 3)")
     p.add_argument("--only-faster", action="store_true",
                    help="route as the default enable() does: only the calls the speed gate "
                         "measured faster than stock (default: every eligible call)")
@@ -340,7 +354,7 @@ def _fill_defaults(args) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torch_sm90_sdpa demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m torch_sm90_sdpa demo", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)

@@ -6,11 +6,16 @@
     with torch_sm90_sdpa.enable(): ...  # restores the previous state on exit
     torch_sm90_sdpa.routing_stats()     # what was routed, what was not and why
 
-Or, with no code change beyond importing the package, the environment variable
-``TORCH_SM90_SDPA``: ``1`` / ``on`` / ``true`` / ``cuda`` enable the CUDA route at import,
-``cpu`` enables the CPU route too, ``all`` routes every eligible CUDA call (also where the
-stock backward measured faster: ``enable(only_faster=False)``), ``0`` / ``off`` / empty do
-nothing.
+Or, with no code change, the environment variable ``TORCH_SM90_SDPA``: ``1`` / ``on`` /
+``true`` / ``cuda`` enable the CUDA route, ``cpu`` enables the CPU route too, ``all`` routes
+every eligible CUDA call (also where the stock backward measured faster:
+``enable(only_faster=False)``), ``0`` / ``off`` / empty do nothing. It is applied when the
+package is imported, and, where the package is installed with its entry point, at
+``import torch`` (``torch_sm90_sdpa_autoload``: ``TORCH_SM90_SDPA=1 python train.py``
+routes a script that never imports the package).
+
+Importing the package does not import ``torch._inductor``: Inductor's config and the passes
+are imported by the first :func:`enable`.
 
 The state lives in one place: ``torch._inductor.config.post_grad_custom_post_pass``.
 Routing is on iff that holds our :class:`~torch_sm90_sdpa.compile_pass.SdpaBackwardRewrite`;
