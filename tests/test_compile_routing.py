@@ -1396,10 +1396,10 @@ class TestCommandLine(unittest.TestCase):
                                   capture_output=True, text=True, timeout=timeout)
 
     def test_info(self):
-        out = self.run_cli("info")
+        out = self.run_cli("info", "--build-info")
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("build_info():", out.stdout)
-        self.assertIn("what would be routed", out.stdout)
+        self.assertIn("What would be routed", out.stdout)
 
     def test_demo_cpu(self):
         out = self.run_cli("demo", "--device", "cpu", "--steps", "2", "--seq-len", "16",
