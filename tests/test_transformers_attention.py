@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import torch_sm90_sdpa
 from torch_sm90_sdpa import api, routing
@@ -26,9 +27,7 @@ VOCAB, LAYERS = 128, 2
 def transformers():
     mod = pytest.importorskip(
         "transformers", reason="transformers is not installed (pip install '.[test]' brings it)")
-    if not hasattr(mod, "AttentionInterface"):
-        pytest.skip(f"transformers {mod.__version__} has no AttentionInterface (needs >= 4.48)")
-    sm90_attention.register()
+    sm90_attention.register()  # (raises on transformers < 4.48)
     return mod
 
 
@@ -93,13 +92,13 @@ def _assert_same_training(got, want):
 # ---------------------------------------------------------------------------------------
 
 def test_register_is_idempotent_and_reuses_the_sdpa_masks(transformers):
-    from transformers import AttentionInterface
+    # (an AttentionInterface from 4.51, a dict before: both map names to functions)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as attention
 
     assert sm90_attention.register() == "sm90_sdpa"
     assert sm90_attention.register("sm90_sdpa") == "sm90_sdpa"
-    attention = AttentionInterface()
     assert attention["sm90_sdpa"] is sm90_attention.sdpa_attention_forward
-    assert "sm90_sdpa" in attention.valid_keys()
+    assert "sm90_sdpa" in list(attention.keys())
     try:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS as masks
     except ImportError:
@@ -195,6 +194,26 @@ def test_forward_matches_transformers_sdpa(transformers, monkeypatch, groups, ma
         assert unserved == "no gradient is needed"
 
 
+def test_forward_compiles_in_one_graph(transformers, monkeypatch, tmp_path):
+    """fullgraph=True: nothing in the forward or the drop-in breaks the graph (a logging call
+    did); the compiled backward calls our op."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 10, 8, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, 2, 10, 8, generator=g, requires_grad=True) for _ in range(2))
+    module = _Attention(groups=2)
+    torch._dynamo.reset()
+    routing.reset_stats()
+    try:
+        for mask in (None, _mask("bool", 2, 10, 10)):
+            fn = torch.compile(lambda q, k, v, m: sm90_attention.sdpa_attention_forward(
+                module, q, k, v, m)[0], fullgraph=True)
+            fn(q, k, v, mask).sum().backward()
+        assert torch_sm90_sdpa.routing_stats()["routed_calls"] == 2
+    finally:
+        torch._dynamo.reset()
+
+
 def test_forward_refuses_softcap(transformers):
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(ValueError, match="softcap"):
@@ -222,20 +241,24 @@ def test_compiled_llama_matches_sdpa(transformers, monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     stock, ours = _pair(transformers)
     torch._dynamo.reset()
-    routing.reset_stats()
+    counters.clear()
     try:
         with torch_sm90_sdpa.enable(cpu=True):
             compiled = torch.compile(ours)
             for padded in (False, True):
                 batch = _batch(padded)
                 want = _loss_and_grads(stock, *batch)
+                routing.reset_stats()
                 _assert_same_training(_loss_and_grads(compiled, *batch), want)  # compiles
-                stats = torch_sm90_sdpa.routing_stats(reset=True)
+                stats = torch_sm90_sdpa.routing_stats()
                 assert stats["routed_calls"] == LAYERS, (padded, stats)
                 # once compiled (the profile of the compilation holds the tracing's calls)
                 got, ops_run = _attention_ops_run(lambda: _loss_and_grads(compiled, *batch))
                 _assert_same_training(got, want)
                 assert ops_run[OUR_BACKWARD] == LAYERS, (padded, ops_run)
                 assert not [op for op in ops_run if "backward" in op and op != OUR_BACKWARD]
+        # routed_calls counts the backward calls of compiled graphs only: a graph break in
+        # the attention would run the drop-in eagerly, outside the graph
+        assert not counters["graph_break"], dict(counters["graph_break"])
     finally:
         torch._dynamo.reset()

@@ -14,9 +14,11 @@ runs our backward in eager mode and under ``torch.compile`` alike, with no routi
 calls the drop-in does not serve (no gradient, dropout, ...) run stock SDPA as ``"sdpa"``
 runs them.
 
-transformers is imported by :func:`register` only, never at package import. Versions with an
-``AttentionInterface`` (>= 4.48) are supported; before 4.53 the models build their masks
-themselves (there is no mask interface to register with).
+transformers is imported by :func:`register` only, never at package import. Versions 4.48
+and later are supported: ``AttentionInterface`` from 4.51, the ``ALL_ATTENTION_FUNCTIONS``
+dict it replaced before; before 4.53 the models build their masks themselves (there is no
+mask interface to register with; Llama-style models then hand any name but "sdpa" a
+materialized float mask, also where "sdpa" gets ``is_causal=True``).
 """
 from __future__ import annotations
 
@@ -168,7 +170,7 @@ def _transformers_version() -> str:
     except ImportError as e:
         raise ImportError(
             "torch_sm90_sdpa.transformers_attention.register() needs transformers "
-            f">= {MIN_TRANSFORMERS} (its AttentionInterface); it is not installed: "
+            f">= {MIN_TRANSFORMERS} (its attention interface); it is not installed: "
             f"pip install 'transformers>={MIN_TRANSFORMERS}'"
         ) from e
     return getattr(transformers, "__version__", "?")
@@ -191,15 +193,8 @@ def register(name: str = DEFAULT_NAME, *, replace: bool = False) -> str:
     if not isinstance(name, str) or not name or name == "eager":
         raise ValueError(f"name: expected a non-empty string other than 'eager', got {name!r}")
     version = _transformers_version()
-    try:
-        from transformers import AttentionInterface
-    except ImportError as e:
-        raise ImportError(
-            f"torch_sm90_sdpa.transformers_attention.register() needs transformers "
-            f">= {MIN_TRANSFORMERS} (its AttentionInterface); found transformers {version}: "
-            f"pip install -U 'transformers>={MIN_TRANSFORMERS}'"
-        ) from e
-    current = AttentionInterface._global_mapping.get(name)
+    table, add = _attention_table(version)
+    current = table.get(name)
     if current is not None and not _is_ours(current) and not replace:
         raise ValueError(
             f"transformers already has an attention implementation named {name!r} "
@@ -217,5 +212,24 @@ def register(name: str = DEFAULT_NAME, *, replace: bool = False) -> str:
             raise ImportError(f"transformers {version}: its AttentionMaskInterface has no "
                               "'sdpa' mask function to reuse")
         masks.register(name, sdpa_mask)
-    AttentionInterface.register(name, sdpa_attention_forward)
+    add(name, sdpa_attention_forward)
     return name
+
+
+def _attention_table(version: str):
+    """(transformers' global {name: attention function}, the function that adds to it)."""
+    try:  # >= 4.51
+        from transformers import AttentionInterface
+    except ImportError:
+        pass
+    else:
+        return AttentionInterface._global_mapping, AttentionInterface.register
+    try:  # 4.48 - 4.50: a plain dict the models read
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as table
+    except ImportError as e:
+        raise ImportError(
+            f"torch_sm90_sdpa.transformers_attention.register() needs transformers "
+            f">= {MIN_TRANSFORMERS} (its attention interface); found transformers {version}: "
+            f"pip install -U 'transformers>={MIN_TRANSFORMERS}'"
+        ) from e
+    return table, table.__setitem__
