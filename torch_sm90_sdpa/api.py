@@ -147,14 +147,17 @@ def scaled_dot_product_attention(
             for t in (query, key, value)
         )
     else:
-        log.debug("scaled_dot_product_attention: stock path (%s)", reason)
+        if not torch.compiler.is_compiling():  # (Dynamo breaks the graph at a logging call)
+            log.debug("scaled_dot_product_attention: stock path (%s)", reason)
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
             is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
         )
     resolved_scale = resolve_scale(scale, query)
-    log.debug("scaled_dot_product_attention: torch_sm90_sdpa backward")
-    if torch.compiler.is_compiling() or type(query) is not torch.Tensor:
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        log.debug("scaled_dot_product_attention: torch_sm90_sdpa backward")
+    if compiling or type(query) is not torch.Tensor:
         # traced (Dynamo, export) or a tensor subclass (fake, functional): the custom op, whose
         # fake kernel and registered autograd the tracers use
         out, _ = torch.ops.torch_sm90_sdpa.sdpa(query, key, value, is_causal, resolved_scale,
