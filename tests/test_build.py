@@ -384,8 +384,8 @@ def test_split_tail_plan(switch_env):
     problem = _split_problem(2, 16, 16, 8192, 8192, 128)
     problem.mask_kind = 1
     assert C.workspace_layout(problem).split_tiles == 0
-    # the rule, with the tile run_bwd_main picks (the full tile's 80-row m-blocks past 768
-    # queries): s1024 saves (132 - 68) x 13 / 132 = 6.3 m-blocks per SM (< 10: measured slower),
+    # the rule, with the tile run_bwd_main picks (the full tile's 80-row m-blocks past
+    # FULL_TILE_MIN_QUERIES queries): s1024 saves (132 - 68) x 13 / 132 = 6.3 m-blocks per SM (< 10: measured slower),
     # s2048 12.6
     bm_full = gen.TILES_FULL[128].block_m
     assert C.SPLIT_MIN_SAVED_BLOCKS == 10

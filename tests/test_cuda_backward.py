@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_sm90_sdpa  # noqa: F401  (registers the ops)
+from conftest import load_generator
 
 try:
     from torch_sm90_sdpa import _extension
@@ -250,14 +251,17 @@ def test_strided_views(dtype, head_dim, layout, is_causal):
 
 
 # d128 calls without a mask that are not deterministic run the 80 x 128 full-tile kernel
-# (TILES_FULL in csrc/generate_instantiations.py) from 769 queries; up to 768 queries the
-# default 64 x 128 tile (csrc/bwd_main_launch_template.h). Lengths that are not multiples of the
+# (TILES_FULL in csrc/generate_instantiations.py) past FULL_TILE_MIN_QUERIES queries; up to it
+# the default 64 x 128 tile (csrc/bwd_main_launch_template.h). Lengths that are not multiples of the
 # full tile's 80-row m-blocks, among them ones whose last m-block reaches past the rounded length
 # (881, 1000 and 2048: 12 x 80 = 960 > 896, 13 x 80 = 1040 > 1024 and 26 x 80 = 2080 > 2048
 # rows; their lse / dpsum come by TMA, zero-filled. Those rows have Q = dO = 0, so these tests
 # would catch an inf / NaN there, not a finite wrong value, which adds nothing either); and the
-# lengths around the switch (768 / 769 queries) and below it (80, 81, 160: the default tile).
-FULL_TILE_SEQS = [(80, 80), (81, 300), (768, 768), (769, 769), (800, 800), (881, 300),
+# lengths around the switch (FULL_TILE_MIN_QUERIES and one more) and below it (80, 81, 160: the
+# default tile).
+FULL_TILE_MIN_QUERIES = load_generator().FULL_TILE_MIN_QUERIES
+_T = FULL_TILE_MIN_QUERIES
+FULL_TILE_SEQS = [(80, 80), (81, 300), (_T, _T), (_T + 1, _T + 1), (800, 800), (881, 300),
                   (1000, 1000), (2048, 2048), (2081, 513), (160, 4097), (840, 4097)]
 
 
@@ -299,20 +303,21 @@ def main_kernel_names(*args):
     return [e.key for e in prof.key_averages() if "bwd_main_kernel" in e.key]
 
 
-@pytest.mark.parametrize("case", ["full", "causal", "deterministic", "768 queries", "769 queries"])
+@pytest.mark.parametrize("case", ["full", "causal", "deterministic", "threshold queries",
+                                  "threshold + 1 queries"])
 def test_full_tile_serves_calls_not_deterministic(case):
-    """The full-tile kernel runs the d128 calls of more than 768 queries that are not
-    deterministic, causal or full; deterministic ones keep the default tile, by which the
-    deterministic semaphores are laid out, and so do calls of up to 768 queries (whose 64-row
-    m-blocks pad 512 queries to none where 80-row ones pad to 560)."""
+    """The full-tile kernel runs the d128 calls of more than FULL_TILE_MIN_QUERIES queries that
+    are not deterministic, causal or full; deterministic ones keep the default tile, by which the
+    deterministic semaphores are laid out, and so do calls of up to FULL_TILE_MIN_QUERIES
+    queries (where 64-row m-blocks pad 512 queries to none and 80-row ones pad them to 560)."""
     need_variant(128, torch.bfloat16)
-    sq = {"768 queries": 768, "769 queries": 769}.get(case, 800)
+    sq = {"threshold queries": _T, "threshold + 1 queries": _T + 1}.get(case, _T + 32)
     q, k, v, dout = make_inputs(1, 2, 2, sq, sq, 128, torch.bfloat16)  # (FA2's causal: Sq = Sk)
     causal = case == "causal"
     out, lse = stock_forward(q, k, v, causal, 1 / math.sqrt(128))
     names = main_kernel_names(dout, q, k, v, out, lse, causal, 1 / math.sqrt(128), case == "deterministic")
     assert len(names) == 1, names
-    full_tile = case not in ("deterministic", "768 queries")
+    full_tile = case not in ("deterministic", "threshold queries")
     assert ("FullBwdConfig<128>" in names[0]) == full_tile, names[0]
 
 
