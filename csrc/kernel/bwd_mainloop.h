@@ -5,7 +5,11 @@
 //   producer warp  : load()     K_j, V_j once; Q_i (+lse_i) and dO_i (+dpsum_i) per m-block
 //   dQ-writer warp : store_dq() TMA reduce-add of each finished dQ_i tile into dq_accum
 //   MMA warpgroups : mma()      S = Q K^T, dP = dO V^T, P, dS, dV += P^T dO, dK += dS^T Q,
-//                               dQ_i = dS K, or dQ_i^T = K^T dS^T (kdQSwapAB)  (all five on wgmma)
+//                               dQ_i = dS K, or dQ_i^T = K^T dS^T (kdQSwapAB)  (all five on wgmma);
+//                               S / dP in mma() itself, the other steps' lambdas made by
+//                               softmax_dv_steps() (P, dS, dV), by_warpgroup_steps() (kSdPByWG:
+//                               d256) and dq_dk_steps() (dQ, dK), the per-thread partitions by
+//                               hoisted_offsets() (d64) and thread_partitions()
 #pragma once
 
 #include <cmath>
@@ -695,61 +699,56 @@ struct BwdMainloop {
   }
 
   // ---------------- MMA warpgroups ----------------
-  // Returns false when this n-block sees no query (dK = dV = 0).
-  template <class SharedStorage, class FrgdKV>
-  CUTE_DEVICE bool mma(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
-                       PipelineStateQ& read_q, PipelineStatedO& read_do, FrgdKV& tdKrdK, FrgdKV& tdVrdV,
-                       int thread_idx, int n_block, int bidh, int bidb, int m_lo, int m_hi, SharedStorage& ss,
-                       int& kv_loads) {
-    // a mask's tile classes; GQA's dk_accum / dv_accum, zeroed by the preprocess, in the
-    // epilogue (grid_dependency.h)
-    wait_for_prior_grid();
-    clear(tdKrdK);
-    clear(tdVrdV);
-    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb, m_lo, m_hi);
-    int const m_first = first_m_block(params, tile_classes(params, n_block, bidh, bidb), m_min, m_max);
-    if (m_first < 0) { return false; }
+  // mma() holds a tile's state (shared-memory tensors, tiled MMAs, descriptors), the S / dP
+  // wgmma steps and bwd_step, which chains one m-block's steps, and walks the m-blocks. The
+  // other steps are lambdas over that state, by reference, that the helpers below make and hand
+  // back in aggregates (pack): the same closures as when mma() defined them, so the compiler
+  // sees the same code. Kept in mma() because moving them changed the register allocation
+  // (d128, d256): gemm_s_dp / gemm_s_or_dp, bwd_step and the m-block walk. So did force-inlined
+  // member functions in place of the lambdas, and a lambda returned by itself rather than
+  // through pack.
 
-    auto& st = ss.tensors.mainloop;
-    Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
-    Tensor sdO = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutdO{});
-    Tensor sQt = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQt{});
-    Tensor sdOt = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutdOt{});
-    Tensor sdS = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdS{});
-    Tensor sdSt = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdSt{});
-    Tensor sLSEMma = make_tensor(make_smem_ptr(st.smem_lse.data()), SmemLayoutRowStatMma<kStagesQ>{});
-    Tensor sdPsumMma = make_tensor(make_smem_ptr(st.smem_dpsum.data()), SmemLayoutRowStatMma<kStagesdO>{});
-    Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.smem_dq.data()), SmemLayoutdQ{});
+  // Types of mma()'s locals that the helpers take by reference.
+  template <class T, class Layout>
+  using SmemTensor = decltype(make_tensor(make_smem_ptr(static_cast<T*>(nullptr)), Layout{}));
+  using ThrMmadKV = decltype(TiledMmadKV{}.get_thread_slice(0));
+  using ThrMmadQ = decltype(TiledMmadQ{}.get_thread_slice(0));
+  using SmemCopyPdS = decltype(make_tiled_copy_C(SmemCopyAtomPdS{}, TiledMmaSdP{}));
+  using SmemLSE = SmemTensor<ElementAccum, SmemLayoutRowStatMma<kStagesQ>>;
+  using SmemdPsum = SmemTensor<ElementAccum, SmemLayoutRowStatMma<kStagesdO>>;
+  using SmemdQ = SmemTensor<ElementAccum, SmemLayoutdQ>;
 
-    TiledMmaSdP tiled_mma_SdP;
-    TiledMmadKV tiled_mma_dKV;
-    TiledMmadQ tiled_mma_dQ;
-    // Slices for the shared-memory operands' descriptors only, which depend on the warpgroup
-    // alone: sliced with its first thread, made warp-uniform by a shuffle, so that ptxas can
-    // build the descriptors in uniform registers (from the per-thread index it moved them
-    // with 4 R2UR before every HGMMA: 112 per step at d128). Register fragments (C, copies)
-    // take the thread's own slice where they are used.
-    int const wg_thread0 = __shfl_sync(0xffffffffu, thread_idx / cutlass::NumThreadsPerWarpGroup, 0) *
-                           cutlass::NumThreadsPerWarpGroup;
-    // (kSdPByWG: the S / dP tiled MMA is one warpgroup's; its thread index is the thread's
-    // index within its warpgroup, and s_warpgroup tells the S warpgroup from the dP one)
-    auto thr_SdP = tiled_mma_SdP.get_thread_slice(kSdPByWG ? 0 : wg_thread0);
-    bool const s_warpgroup = wg_thread0 == 0;
-    auto sdp_thread = [&] {
-      return kSdPByWG ? launder_int(thread_idx) % cutlass::NumThreadsPerWarpGroup : launder_int(thread_idx);
-    };
-    auto thr_dKV = tiled_mma_dKV.get_thread_slice(wg_thread0);
-    auto thr_dQ = tiled_mma_dQ.get_thread_slice(wg_thread0);
+  // A helper's lambdas in its aggregate, copied in through references (the aggregate built in
+  // the return statement instead changed the register allocation).
+  template <template <class...> class Aggregate, class... L>
+  CUTE_DEVICE static Aggregate<L...> pack(L const&... l) {
+    return {l...};
+  }
 
-    auto smem_tiled_copy_PdS = make_tiled_copy_C(SmemCopyAtomPdS{}, tiled_mma_SdP);
+  // ---- the steps' per-thread shared-memory partitions ----
+  // The lse / dpsum values, the P / dS stores, the dQ staging. kHoistThreadPartitions (d64):
+  // each kept across the m-loop as one int (smem_partition_offset, utils.h) and rebuilt where
+  // used (hoisted_offsets, thread_partitions); else partitioned from the thread index where
+  // used.
+  struct HoistedOffsets {
+    int row_stat_offset;
+    int pds_store_offset;
+    uint32_t dq_seg0_addr;
+  };
 
-    // The steps' per-thread shared-memory partitions: the lse / dpsum values, the P / dS
-    // stores, the dQ staging. kHoistThreadPartitions: each kept across the m-loop as one int
-    // (smem_partition_offset, utils.h) and rebuilt where used; else partitioned from the
-    // thread index where used.
-    // lse / dpsum of one stage in the S / dP accumulator's layout (one offset for both:
-    // SmemLayoutRowStatMma differs only in the stage count).
-    using RowStatLayout = decltype(tiled_mma_SdP.get_thread_slice(0).partition_C(sLSEMma)(_, _, _, 0).layout());
+  // The P / dS tile (.., stage) as stmatrix stores it (store_pds_gemm_dv; one offset for P and
+  // dS: one layout); smem: smem_p or smem_ds.
+  CUTE_DEVICE static auto pds_tile(Element* smem) {
+    return cute::conditional_return<!kSdPSwapAB>(
+        as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayoutPdS{})),
+        as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayoutPdSt{})));
+  }
+
+  // The hoisted partitions' offsets (zero unless kHoistThreadPartitions: d64).
+  template <class SdPThread>
+  CUTE_DEVICE HoistedOffsets hoisted_offsets(TiledMmaSdP& tiled_mma_SdP, TiledMmadQ& tiled_mma_dQ,
+                                             SmemCopyPdS& smem_tiled_copy_PdS, SmemLSE& sLSEMma, TensorStorage& st,
+                                             SmemdQ& sdQ, SdPThread& sdp_thread, int const& thread_idx) {
     int const row_stat_offset = [&] {
       if constexpr (kHoistThreadPartitions) {
         return smem_partition_offset(tiled_mma_SdP.get_thread_slice(sdp_thread()).partition_C(sLSEMma), sLSEMma.data());
@@ -757,23 +756,6 @@ struct BwdMainloop {
         return 0;
       }
     }();
-    // sRowStatMma: sLSEMma or sdPsumMma.
-    auto row_stat_fragment = [&](auto const& sRowStatMma, int stage) {
-      if constexpr (kHoistThreadPartitions) {
-        return rebuild_smem_partition<RowStatLayout>(sRowStatMma.data() + stage * kRowStatStageStride,
-                                                     row_stat_offset);
-      } else {
-        return tiled_mma_SdP.get_thread_slice(sdp_thread()).partition_C(sRowStatMma)(_, _, _, stage);
-      }
-    };
-    // The P / dS tile (.., stage) as stmatrix stores it (store_pds_gemm_dv; one offset for P and
-    // dS: one layout); smem: smem_p or smem_ds.
-    auto pds_tile = [&](Element* smem) {
-      return cute::conditional_return<!kSdPSwapAB>(
-          as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayoutPdS{})),
-          as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayoutPdSt{})));
-    };
-    using PdSStoreLayout = decltype(smem_tiled_copy_PdS.get_thread_slice(0).partition_D(pds_tile(st.smem_ds.data())).layout());
     int const pds_store_offset = [&] {
       if constexpr (kHoistThreadPartitions) {
         return smem_partition_offset(smem_tiled_copy_PdS.get_thread_slice(sdp_thread()).partition_D(pds_tile(st.smem_ds.data())),
@@ -782,25 +764,6 @@ struct BwdMainloop {
         return 0;
       }
     }();
-    auto pds_store_partition = [&](Element* smem) {
-      if constexpr (kHoistThreadPartitions) {
-        return rebuild_smem_partition<PdSStoreLayout>(pds_tile(smem).data(), pds_store_offset);
-      } else {
-        return smem_tiled_copy_PdS.get_thread_slice(sdp_thread()).partition_D(pds_tile(smem));
-      }
-    };
-    // The dQ staging tile as the dQ accumulator's fragment stores it (hand_dq_to_writer; dQ^T
-    // through the tile's transposed view when swapped). Partitioned where used: the hoisted
-    // head dim (d64) stages dQ permuted (dq_seg0_addr below), and keeping this partition across
-    // the loop at d128 measured level (5d6527a).
-    auto dq_stage_tile = [&] {
-      Tensor sdQ_pi = as_position_independent_swizzle_tensor(sdQ);
-      if constexpr (kdQSwapAB) {
-        return make_tensor(sdQ_pi.data(), composition(sdQ_pi.layout(), make_layout(ShapedQAcc{}, LayoutRight{})));
-      } else {
-        return sdQ_pi;
-      }
-    };
     // (permuted dQ staging, hand_dq_to_writer) the thread's address of segment 0, whose
     // column is (c0 & ~31) + 8 * (r0 & 3) + (c0 & 7). Segment s's column differs from it in
     // bits 3-4 only (s ^ (r0 & 3) for r0 & 3), and the 128-byte swizzle moves bytes by the row
@@ -819,70 +782,74 @@ struct BwdMainloop {
         return 0u;
       }
     }();
+    return {row_stat_offset, pds_store_offset, dq_seg0_addr};
+  }
 
-    // Operand descriptors.
-    Tensor tSrQ = mma_smem_fragment<!kSdPSwapAB>(thr_SdP, sQ);    // (.., stage)
-    Tensor tdPrdO = mma_smem_fragment<!kSdPSwapAB>(thr_SdP, sdO); // (.., stage)
-    Tensor tdVrdO = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sdOt); // (.., stage)
-    Tensor tdKrQ = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sQt);   // (.., stage)
-    Tensor tdQrdS = mma_smem_fragment<!kdQSwapAB>(thr_dQ, sdS);   // (.., dS stage)
+  template <class RowStatFragment, class PdSStorePartition, class DqStageTile>
+  struct ThreadPartitions {
+    RowStatFragment row_stat_fragment;
+    PdSStorePartition pds_store_partition;
+    DqStageTile dq_stage_tile;
+  };
 
-    // Let the MMA warps take the first turn on the dQ staging tile.
-    if (thread_idx < cutlass::NumThreadsPerWarp) {
-      named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
-    }
-
-    int const seqlen_q = params.seqlen_q;
-    int const seqlen_k = params.seqlen_k;
-    bool const is_causal = params.is_causal;
-    float const scale_log2 = params.scale_log2;
-    int const n_block_end = (n_block + 1) * kBlockN;
-
-    // K_j and V_j (this CTA's kv_load-th load, load's count)
-    int const kv_load = kv_loads;
-    kv_loads = kv_load + 1;
-    ss.pipelines.barrier_KV.wait(kv_load & 1);
-
-    // ---- the steps of one m-block (bwd_step below chains them) ----
-    // Per-iteration operand descriptors and per-thread smem addresses are rebuilt inside the
-    // steps from laundered values (see launder_ptr) instead of being kept live across the
-    // m-loop: the MMA warps are at their register limit.
-    auto k_operand_ptr = [&] { return launder_ptr(st.smem_k.data()); };
-    auto v_operand_ptr = [&] { return launder_ptr(st.smem_v.data()); };
-
-    // S = Q K^T and dP = dO V^T (or S^T = K Q^T, dP^T = V dO^T), issued back to back.
-    auto gemm_s_dp = [&](auto& tSrS, auto& tdPrdP, int stage_q, int stage_do) {
-      Tensor tSrK = mma_smem_fragment<kSdPSwapAB>(
-          thr_SdP, make_tensor(make_smem_ptr(k_operand_ptr()), SmemLayoutK{}));
-      Tensor tdPrV = mma_smem_fragment<kSdPSwapAB>(
-          thr_SdP, make_tensor(make_smem_ptr(v_operand_ptr()), SmemLayoutV{}));
-      pipeline_q.consumer_wait(read_q);
-      if constexpr (kSdPSwapAB) {
-        wg_gemm<true, -1>(tiled_mma_SdP, tSrK, tSrQ(_, _, _, stage_q), tSrS);
+  // The partitions as the steps take them (rebuilt from the offsets, or partitioned).
+  template <class SdPThread>
+  CUTE_DEVICE auto thread_partitions(TiledMmaSdP& tiled_mma_SdP, SmemCopyPdS& smem_tiled_copy_PdS, SmemLSE& sLSEMma,
+                                     TensorStorage& st, SmemdQ& sdQ, SdPThread& sdp_thread,
+                                     int const& row_stat_offset, int const& pds_store_offset) {
+    // lse / dpsum of one stage in the S / dP accumulator's layout (one offset for both:
+    // SmemLayoutRowStatMma differs only in the stage count).
+    using RowStatLayout = decltype(tiled_mma_SdP.get_thread_slice(0).partition_C(sLSEMma)(_, _, _, 0).layout());
+    // sRowStatMma: sLSEMma or sdPsumMma.
+    auto row_stat_fragment = [&](auto const& sRowStatMma, int stage) {
+      if constexpr (kHoistThreadPartitions) {
+        return rebuild_smem_partition<RowStatLayout>(sRowStatMma.data() + stage * kRowStatStageStride,
+                                                     row_stat_offset);
       } else {
-        wg_gemm<true, -1>(tiled_mma_SdP, tSrQ(_, _, _, stage_q), tSrK, tSrS);
-      }
-      pipeline_do.consumer_wait(read_do);
-      if constexpr (kSdPSwapAB) {
-        wg_gemm<true, -1>(tiled_mma_SdP, tdPrV, tdPrdO(_, _, _, stage_do), tdPrdP);
-      } else {
-        wg_gemm<true, -1>(tiled_mma_SdP, tdPrdO(_, _, _, stage_do), tdPrV, tdPrdP);
+        return tiled_mma_SdP.get_thread_slice(sdp_thread()).partition_C(sRowStatMma)(_, _, _, stage);
       }
     };
-
-    // kSdPByWG: S = Q K^T on the S warpgroup, dP = dO V^T on the other, into acc.
-    auto gemm_s_or_dp = [&](auto& acc, int stage_q, int stage_do) {
-      pipeline_q.consumer_wait(read_q);
-      pipeline_do.consumer_wait(read_do);
-      if (s_warpgroup) {
-        Tensor tSrK = mma_smem_fragment<false>(thr_SdP, make_tensor(make_smem_ptr(k_operand_ptr()), SmemLayoutK{}));
-        wg_gemm<true, -1>(tiled_mma_SdP, tSrQ(_, _, _, stage_q), tSrK, acc);
+    using PdSStoreLayout = decltype(smem_tiled_copy_PdS.get_thread_slice(0).partition_D(pds_tile(st.smem_ds.data())).layout());
+    auto pds_store_partition = [&](Element* smem) {
+      if constexpr (kHoistThreadPartitions) {
+        return rebuild_smem_partition<PdSStoreLayout>(pds_tile(smem).data(), pds_store_offset);
       } else {
-        Tensor tdPrV = mma_smem_fragment<false>(thr_SdP, make_tensor(make_smem_ptr(v_operand_ptr()), SmemLayoutV{}));
-        wg_gemm<true, -1>(tiled_mma_SdP, tdPrdO(_, _, _, stage_do), tdPrV, acc);
+        return smem_tiled_copy_PdS.get_thread_slice(sdp_thread()).partition_D(pds_tile(smem));
       }
     };
+    // The dQ staging tile as the dQ accumulator's fragment stores it (hand_dq_to_writer; dQ^T
+    // through the tile's transposed view when swapped). Partitioned where used: the hoisted
+    // head dim (d64) stages dQ permuted (dq_seg0_addr, hoisted_offsets), and keeping this partition across
+    // the loop at d128 measured level (5d6527a).
+    auto dq_stage_tile = [&] {
+      Tensor sdQ_pi = as_position_independent_swizzle_tensor(sdQ);
+      if constexpr (kdQSwapAB) {
+        return make_tensor(sdQ_pi.data(), composition(sdQ_pi.layout(), make_layout(ShapedQAcc{}, LayoutRight{})));
+      } else {
+        return sdQ_pi;
+      }
+    };
+    return pack<ThreadPartitions>(row_stat_fragment, pds_store_partition, dq_stage_tile);
+  }
 
+  // ---- the steps of one m-block after S and dP (bwd_step in mma() chains them) ----
+  template <class SoftmaxP, class SoftmaxGrad, class StorePdSGemmdV>
+  struct SoftmaxdVSteps {
+    SoftmaxP softmax_p;
+    SoftmaxGrad softmax_grad;
+    StorePdSGemmdV store_pds_gemm_dv;
+  };
+
+  // P and dS in registers, then dV, with the S / dP MMA over all MMA warpgroups (softmax_p
+  // serves kSdPByWG too).
+  template <class TdVrdO, class FrgdKV, class SdPThread, class RowStatFragment, class PdSStorePartition>
+  CUTE_DEVICE auto softmax_dv_steps(Params const& params, int const& n_block, int const& bidh, int const& bidb,
+                                    TensorStorage& st, SmemLSE& sLSEMma, SmemdPsum& sdPsumMma,
+                                    TiledMmaSdP& tiled_mma_SdP, TiledMmadKV& tiled_mma_dKV, ThrMmadKV& thr_dKV,
+                                    SmemCopyPdS& smem_tiled_copy_PdS, TdVrdO& tdVrdO, FrgdKV& tdVrdV,
+                                    SdPThread& sdp_thread, RowStatFragment& row_stat_fragment,
+                                    PdSStorePartition& pds_store_partition, int const& seqlen_q,
+                                    int const& seqlen_k, bool const& is_causal, float const& scale_log2) {
     // P = exp2(S * scale_log2 - lse_log2) in place of S, once S is done (dP may still run).
     // kMaskValues: the key tail, the causal cut and the mask element by element (only in the
     // iterations that need it: kTilePartial tiles under a mask, else the causal diagonal and
@@ -1005,7 +972,22 @@ struct BwdMainloop {
       cutlass::arch::fence_view_async_shared();
       named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // dS visible to every warpgroup
     };
+    return pack<SoftmaxdVSteps>(softmax_p, softmax_grad, store_pds_gemm_dv);
+  }
 
+  template <class ExchangePdSGemmdV>
+  struct ByWarpgroupSteps {
+    ExchangePdSGemmdV exchange_p_ds_gemm_dv;
+  };
+
+  // kSdPByWG (d256): P and dS exchanged between the S and the dP warpgroup, then dV (the
+  // other kSdPByWG code: gemm_s_or_dp and bwd_step's dv_step in mma()).
+  template <class TdVrdO, class FrgdKV, class SdPThread, class RowStatFragment>
+  CUTE_DEVICE auto by_warpgroup_steps(TensorStorage& st, SmemdPsum& sdPsumMma, SmemTensor<Element, SmemLayoutPdS>& sdS,
+                                      TiledMmaSdP& tiled_mma_SdP, bool const& s_warpgroup,
+                                      TiledMmadKV& tiled_mma_dKV, ThrMmadKV& thr_dKV,
+                                      SmemCopyPdS& smem_tiled_copy_PdS, TdVrdO& tdVrdO, FrgdKV& tdVrdV,
+                                      SdPThread& sdp_thread, RowStatFragment& row_stat_fragment) {
     // kSdPByWG: the S warpgroup stores P (its acc, converted: rP); the dP warpgroup reads it
     // back in its accumulator layout and computes dS = P (dP - dpsum) in place of dP (acc),
     // then stores dS. Both issue dV^T += dO^T P (P from shared memory). The same three
@@ -1046,7 +1028,22 @@ struct BwdMainloop {
         named_sync(kNumMmaThreads, BwdBarrier::kPdS);  // dS visible to every warpgroup
       }
     };
+    return pack<ByWarpgroupSteps>(exchange_p_ds_gemm_dv);
+  }
 
+  template <class GemmdQSlice, class GemmdK, class HanddQToWriter>
+  struct DqDkSteps {
+    GemmdQSlice gemm_dq_slice;
+    GemmdK gemm_dk;
+    HanddQToWriter hand_dq_to_writer;
+  };
+
+  // dQ, dK, and the dQ slices' hand-over to the dQ writer (kdQStagePermuted, d64: permuted).
+  template <class TdQrdS, class TdKrQ, class FrgdKV, class KOperandPtr, class DqStageTile>
+  CUTE_DEVICE auto dq_dk_steps(TiledMmadQ& tiled_mma_dQ, ThrMmadQ& thr_dQ, TiledMmadKV& tiled_mma_dKV,
+                               ThrMmadKV& thr_dKV, TdQrdS& tdQrdS, TdKrQ& tdKrQ, FrgdKV& tdKrdK,
+                               SmemTensor<Element, SmemLayoutPdSt>& sdSt, SmemdQ& sdQ, KOperandPtr& k_operand_ptr,
+                               int const& thread_idx, uint32_t const& dq_seg0_addr, DqStageTile& dq_stage_tile) {
     // dQ slice s = dS K[:, slice s] (swapped: dQ^T = K^T dS^T); kWait as wg_gemm's.
     auto gemm_dq_slice = [&](auto& tdQrdQ, int slice, int stage_ds, auto wait_tag) {
       constexpr int kWait = decltype(wait_tag)::value;
@@ -1121,16 +1118,157 @@ struct BwdMainloop {
       cutlass::arch::fence_view_async_shared();
       named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQFull);
     };
+    return pack<DqDkSteps>(gemm_dq_slice, gemm_dk, hand_dq_to_writer);
+  }
 
-    // With several dQ slices the last one goes to the writer in the next step, once that
-    // step's S and dP wgmmas are issued (or after the loop): handed at once, it waited for the
-    // TMA reduce-add of the slice before it to read the staging tile (ncu at d256, 18e7339:
-    // the first dQ store after that barrier held 20% of the kernel's warp stall samples).
-    // The masked kernel (three step variants) needs bwd_step forced inline for this: left
-    // to the inliner, the step became a call with a 1.6 KB stack frame and its wgmmas were
-    // serialized (C7519 at d256). Measured at d256 b8 h8/2 s2048 with a causal bias (H200,
-    // main kernel): 0.986 against 1.085 ms without the deferral.
-    constexpr bool kDeferLastdQSlice = kdQSlices > 1;
+  // With several dQ slices the last one goes to the writer in the next step, once that
+  // step's S and dP wgmmas are issued (or after the loop): handed at once, it waited for the
+  // TMA reduce-add of the slice before it to read the staging tile (ncu at d256, 18e7339:
+  // the first dQ store after that barrier held 20% of the kernel's warp stall samples).
+  // The masked kernel (three step variants) needs bwd_step forced inline for this: left
+  // to the inliner, the step became a call with a 1.6 KB stack frame and its wgmmas were
+  // serialized (C7519 at d256). Measured at d256 b8 h8/2 s2048 with a causal bias (H200,
+  // main kernel): 0.986 against 1.085 ms without the deferral.
+  static constexpr bool kDeferLastdQSlice = kdQSlices > 1;
+
+  // Returns false when this n-block sees no query (dK = dV = 0).
+  template <class SharedStorage, class FrgdKV>
+  CUTE_DEVICE bool mma(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
+                       PipelineStateQ& read_q, PipelineStatedO& read_do, FrgdKV& tdKrdK, FrgdKV& tdVrdV,
+                       int thread_idx, int n_block, int bidh, int bidb, int m_lo, int m_hi, SharedStorage& ss,
+                       int& kv_loads) {
+    // a mask's tile classes; GQA's dk_accum / dv_accum, zeroed by the preprocess, in the
+    // epilogue (grid_dependency.h)
+    wait_for_prior_grid();
+    clear(tdKrdK);
+    clear(tdVrdV);
+    auto [m_min, m_max] = walk_range(params, n_block, bidh, bidb, m_lo, m_hi);
+    int const m_first = first_m_block(params, tile_classes(params, n_block, bidh, bidb), m_min, m_max);
+    if (m_first < 0) { return false; }
+
+    auto& st = ss.tensors.mainloop;
+    Tensor sQ = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutdO{});
+    Tensor sQt = make_tensor(make_smem_ptr(st.smem_q.data()), SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(st.smem_do.data()), SmemLayoutdOt{});
+    Tensor sdS = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdS{});
+    Tensor sdSt = make_tensor(make_smem_ptr(st.smem_ds.data()), SmemLayoutPdSt{});
+    Tensor sLSEMma = make_tensor(make_smem_ptr(st.smem_lse.data()), SmemLayoutRowStatMma<kStagesQ>{});
+    Tensor sdPsumMma = make_tensor(make_smem_ptr(st.smem_dpsum.data()), SmemLayoutRowStatMma<kStagesdO>{});
+    Tensor sdQ = make_tensor(make_smem_ptr(ss.dq.smem_dq.data()), SmemLayoutdQ{});
+
+    TiledMmaSdP tiled_mma_SdP;
+    TiledMmadKV tiled_mma_dKV;
+    TiledMmadQ tiled_mma_dQ;
+    // Slices for the shared-memory operands' descriptors only, which depend on the warpgroup
+    // alone: sliced with its first thread, made warp-uniform by a shuffle, so that ptxas can
+    // build the descriptors in uniform registers (from the per-thread index it moved them
+    // with 4 R2UR before every HGMMA: 112 per step at d128). Register fragments (C, copies)
+    // take the thread's own slice where they are used.
+    int const wg_thread0 = __shfl_sync(0xffffffffu, thread_idx / cutlass::NumThreadsPerWarpGroup, 0) *
+                           cutlass::NumThreadsPerWarpGroup;
+    // (kSdPByWG: the S / dP tiled MMA is one warpgroup's; its thread index is the thread's
+    // index within its warpgroup, and s_warpgroup tells the S warpgroup from the dP one)
+    auto thr_SdP = tiled_mma_SdP.get_thread_slice(kSdPByWG ? 0 : wg_thread0);
+    bool const s_warpgroup = wg_thread0 == 0;
+    auto sdp_thread = [&] {
+      return kSdPByWG ? launder_int(thread_idx) % cutlass::NumThreadsPerWarpGroup : launder_int(thread_idx);
+    };
+    auto thr_dKV = tiled_mma_dKV.get_thread_slice(wg_thread0);
+    auto thr_dQ = tiled_mma_dQ.get_thread_slice(wg_thread0);
+
+    auto smem_tiled_copy_PdS = make_tiled_copy_C(SmemCopyAtomPdS{}, tiled_mma_SdP);
+
+    // the steps' per-thread shared-memory partitions (hoisted at d64)
+    auto const [row_stat_offset, pds_store_offset, dq_seg0_addr] =
+        hoisted_offsets(tiled_mma_SdP, tiled_mma_dQ, smem_tiled_copy_PdS, sLSEMma, st, sdQ, sdp_thread, thread_idx);
+    auto partitions = thread_partitions(tiled_mma_SdP, smem_tiled_copy_PdS, sLSEMma, st, sdQ, sdp_thread,
+                                        row_stat_offset, pds_store_offset);
+    auto& row_stat_fragment = partitions.row_stat_fragment;
+    auto& pds_store_partition = partitions.pds_store_partition;
+    auto& dq_stage_tile = partitions.dq_stage_tile;
+
+    // Operand descriptors.
+    Tensor tSrQ = mma_smem_fragment<!kSdPSwapAB>(thr_SdP, sQ);    // (.., stage)
+    Tensor tdPrdO = mma_smem_fragment<!kSdPSwapAB>(thr_SdP, sdO); // (.., stage)
+    Tensor tdVrdO = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sdOt); // (.., stage)
+    Tensor tdKrQ = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sQt);   // (.., stage)
+    Tensor tdQrdS = mma_smem_fragment<!kdQSwapAB>(thr_dQ, sdS);   // (.., dS stage)
+
+    // Let the MMA warps take the first turn on the dQ staging tile.
+    if (thread_idx < cutlass::NumThreadsPerWarp) {
+      named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
+    }
+
+    int const seqlen_q = params.seqlen_q;
+    int const seqlen_k = params.seqlen_k;
+    bool const is_causal = params.is_causal;
+    float const scale_log2 = params.scale_log2;
+    int const n_block_end = (n_block + 1) * kBlockN;
+
+    // K_j and V_j (this CTA's kv_load-th load, load's count)
+    int const kv_load = kv_loads;
+    kv_loads = kv_load + 1;
+    ss.pipelines.barrier_KV.wait(kv_load & 1);
+
+    // ---- the steps of one m-block (bwd_step below chains them; most from the helpers above) ----
+    // Per-iteration operand descriptors and per-thread smem addresses are rebuilt inside the
+    // steps from laundered values (see launder_ptr) instead of being kept live across the
+    // m-loop: the MMA warps are at their register limit.
+    auto k_operand_ptr = [&] { return launder_ptr(st.smem_k.data()); };
+    auto v_operand_ptr = [&] { return launder_ptr(st.smem_v.data()); };
+
+    // S = Q K^T and dP = dO V^T (or S^T = K Q^T, dP^T = V dO^T), issued back to back.
+    auto gemm_s_dp = [&](auto& tSrS, auto& tdPrdP, int stage_q, int stage_do) {
+      Tensor tSrK = mma_smem_fragment<kSdPSwapAB>(
+          thr_SdP, make_tensor(make_smem_ptr(k_operand_ptr()), SmemLayoutK{}));
+      Tensor tdPrV = mma_smem_fragment<kSdPSwapAB>(
+          thr_SdP, make_tensor(make_smem_ptr(v_operand_ptr()), SmemLayoutV{}));
+      pipeline_q.consumer_wait(read_q);
+      if constexpr (kSdPSwapAB) {
+        wg_gemm<true, -1>(tiled_mma_SdP, tSrK, tSrQ(_, _, _, stage_q), tSrS);
+      } else {
+        wg_gemm<true, -1>(tiled_mma_SdP, tSrQ(_, _, _, stage_q), tSrK, tSrS);
+      }
+      pipeline_do.consumer_wait(read_do);
+      if constexpr (kSdPSwapAB) {
+        wg_gemm<true, -1>(tiled_mma_SdP, tdPrV, tdPrdO(_, _, _, stage_do), tdPrdP);
+      } else {
+        wg_gemm<true, -1>(tiled_mma_SdP, tdPrdO(_, _, _, stage_do), tdPrV, tdPrdP);
+      }
+    };
+
+    // kSdPByWG: S = Q K^T on the S warpgroup, dP = dO V^T on the other, into acc.
+    auto gemm_s_or_dp = [&](auto& acc, int stage_q, int stage_do) {
+      pipeline_q.consumer_wait(read_q);
+      pipeline_do.consumer_wait(read_do);
+      if (s_warpgroup) {
+        Tensor tSrK = mma_smem_fragment<false>(thr_SdP, make_tensor(make_smem_ptr(k_operand_ptr()), SmemLayoutK{}));
+        wg_gemm<true, -1>(tiled_mma_SdP, tSrQ(_, _, _, stage_q), tSrK, acc);
+      } else {
+        Tensor tdPrV = mma_smem_fragment<false>(thr_SdP, make_tensor(make_smem_ptr(v_operand_ptr()), SmemLayoutV{}));
+        wg_gemm<true, -1>(tiled_mma_SdP, tdPrdO(_, _, _, stage_do), tdPrV, acc);
+      }
+    };
+
+    // (named by references: bwd_step captures them as it captured the lambdas themselves)
+    auto softmax_dv = softmax_dv_steps(params, n_block, bidh, bidb, st, sLSEMma, sdPsumMma, tiled_mma_SdP,
+                                       tiled_mma_dKV, thr_dKV, smem_tiled_copy_PdS, tdVrdO, tdVrdV, sdp_thread,
+                                       row_stat_fragment, pds_store_partition, seqlen_q, seqlen_k, is_causal,
+                                       scale_log2);
+    auto& softmax_p = softmax_dv.softmax_p;
+    auto& softmax_grad = softmax_dv.softmax_grad;
+    auto& store_pds_gemm_dv = softmax_dv.store_pds_gemm_dv;
+    auto by_warpgroup = by_warpgroup_steps(st, sdPsumMma, sdS, tiled_mma_SdP, s_warpgroup, tiled_mma_dKV, thr_dKV,
+                                           smem_tiled_copy_PdS, tdVrdO, tdVrdV, sdp_thread, row_stat_fragment);
+    auto& exchange_p_ds_gemm_dv = by_warpgroup.exchange_p_ds_gemm_dv;
+    auto dq_dk = dq_dk_steps(tiled_mma_dQ, thr_dQ, tiled_mma_dKV, thr_dKV, tdQrdS, tdKrQ, tdKrdK, sdSt, sdQ,
+                             k_operand_ptr, thread_idx, dq_seg0_addr, dq_stage_tile);
+    auto& gemm_dq_slice = dq_dk.gemm_dq_slice;
+    auto& gemm_dk = dq_dk.gemm_dk;
+    auto& hand_dq_to_writer = dq_dk.hand_dq_to_writer;
+
+    // kDeferLastdQSlice: the last dQ slice of a step, handed to the writer in the next one
     Tensor tdQrdQ_last = partition_fragment_C(tiled_mma_dQ, ShapedQAcc{});
     // (copied out of the wgmma's accumulator: a GMMA-defined register read while the next
     // step's wgmmas run made ptxas inject a full warpgroup.wait, C7517)
