@@ -7,12 +7,16 @@ attention_mask passed (or, with --padded, half of the batch right-padded to half
 Both variants are compiled in the same process (caches off); their steps are interleaved and the
 median step time is reported.
 
+--interface adds the attention interface (torch_sm90_sdpa.transformers_attention.register(),
+attn_implementation="sm90_sdpa"), which needs no routing switch: "eager sdpa" against "eager
+sm90_sdpa" (unmodified eager training), and "compiled sm90_sdpa" against the compiled stock step.
+
 Configurations (4 layers, hidden 2048, vocab 32000, intermediate 5632, Llama):
   d64   32 q / 8 kv heads of 64,  batch 4, 4096 tokens
   d128  16 q / 4 kv heads of 128, batch 2, 8192 tokens
 
     python benchmarks/bench_transformers.py [--configs d64,d128] [--steps 10] [--padded]
-                                            [--force] [--profile]
+                                            [--interface] [--force] [--profile]
 
 --force routes with enable(only_faster=False) (masked calls too); --profile prints, per variant,
 the CUDA kernels of one step that took the most time (torch.profiler).
@@ -37,12 +41,12 @@ CONFIGS = {
 }
 
 
-def build(transformers, c):
+def build(transformers, c, attn_implementation="sdpa"):
     config = transformers.LlamaConfig(
         vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=4,
         num_attention_heads=c["heads"], num_key_value_heads=c["kv_heads"],
         head_dim=c["head_dim"], max_position_embeddings=c["seq"])
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = attn_implementation
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).cuda().to(torch.bfloat16)
 
@@ -100,11 +104,16 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--padded", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--interface", action="store_true",
+                    help='also attn_implementation="sm90_sdpa", eager and compiled')
     ap.add_argument("--force", action="store_true", help="enable(only_faster=False)")
     ap.add_argument("--profile", action="store_true", help="top CUDA kernels of one step")
     args = ap.parse_args()
     import transformers
 
+    if args.interface:
+        from torch_sm90_sdpa import transformers_attention
+        transformers_attention.register()
     results = []
     for name in args.configs.split(","):
         c = CONFIGS[name]
@@ -127,6 +136,16 @@ def main():
                                       attention_mask)
             steps["routed"]()
         stats = torch_sm90_sdpa.routing_stats(reset=True)
+        if args.interface:  # the attention interface: no routing switch, eager and compiled
+            ours = copy.deepcopy(base)
+            ours.config._attn_implementation = "sm90_sdpa"
+            steps["eager sdpa"] = step_fn(_loss, copy.deepcopy(base), ids, attention_mask)
+            steps["eager sm90_sdpa"] = step_fn(_loss, ours, ids, attention_mask)
+            ours_compiled = copy.deepcopy(base)
+            ours_compiled.config._attn_implementation = "sm90_sdpa"
+            steps["compiled sm90_sdpa"] = step_fn(compiled_loss("interface"), ours_compiled,
+                                                  ids, attention_mask)
+            steps["compiled sm90_sdpa"]()
         compile_s = time.time() - t0
         med = time_interleaved(steps, args.steps, warmup=1)
         row = dict(config=name, **c, padded=args.padded, stock_ms=med["stock"],
@@ -134,11 +153,21 @@ def main():
                    routed_nodes=stats["routed_nodes"], not_routed=stats["not_routed"],
                    causal_masks=stats.get("causal_masks"),
                    compile_s=compile_s)
+        if args.interface:
+            row.update(eager_sdpa_ms=med["eager sdpa"], eager_sm90_sdpa_ms=med["eager sm90_sdpa"],
+                       eager_speedup=med["eager sdpa"] / med["eager sm90_sdpa"],
+                       compiled_sm90_sdpa_ms=med["compiled sm90_sdpa"],
+                       interface_speedup=med["stock"] / med["compiled sm90_sdpa"])
         results.append(row)
         print(f"{name}: {c}, padded={args.padded}: step stock {med['stock']:.1f} ms, routed "
               f"{med['routed']:.1f} ms, speedup {row['speedup']:.3f}x; routed nodes "
               f"{stats['routed_nodes']}, not routed {stats['not_routed']}, causal masks "
               f"{stats.get('causal_masks')} (compile {compile_s:.0f} s)", flush=True)
+        if args.interface:
+            print(f"  attn_implementation=\"sm90_sdpa\": eager {row['eager_sm90_sdpa_ms']:.1f} ms "
+                  f"against eager sdpa {row['eager_sdpa_ms']:.1f} ms ({row['eager_speedup']:.3f}x); "
+                  f"compiled {row['compiled_sm90_sdpa_ms']:.1f} ms against the compiled stock "
+                  f"step ({row['interface_speedup']:.3f}x)", flush=True)
         if args.profile:
             for variant, fn in steps.items():
                 profile_step(variant, fn)

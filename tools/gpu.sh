@@ -22,6 +22,14 @@
 #             profile_bwd arguments): headline metrics (tools/ncu_summary.py) and the top SASS
 #             instructions by stalls and shared wavefronts (tools/ncu_top_instructions.py);
 #             build with TORCH_SM90_SDPA_NVCC_FLAGS=-lineinfo to map SASS to source lines
+#   wheel     the wheel (pip wheel, every core) into OUTDIR/wheel/, installed with pip into
+#             build/wheel_site; the later steps of the call then run on the installed package
+#             (this copy's torch_sm90_sdpa/ is moved aside until the script exits), e.g.
+#             `wheel,test` with TESTS naming the GPU test files
+#   steps     benchmarks/bench_transformers.py --interface, unpadded and padded: compiled
+#             transformers Llama training steps, stock against enable() and
+#             attn_implementation="sm90_sdpa" (eager and compiled); transformers and its
+#             dependencies come from .whl/transformers/ when missing
 #   all       build, test, sanitize, bench
 #
 # Environment:
@@ -30,7 +38,9 @@
 #               GIT_COMMIT=$(git rev-parse --short HEAD)
 #   .whl/       wheels the GPU machine lacks (nvidia-cutlass, expecttest, ...; it has no
 #               internet): carry the folder; they are installed with pip --no-index --target
-#               build/gpu_deps, which goes on PYTHONPATH
+#               build/gpu_deps, which goes on PYTHONPATH. .whl/transformers/ (for `steps`):
+#               ../shared/tools/fetch_wheels.sh's command with transformers and its
+#               dependencies, -d .whl/transformers
 #   build/carry_gz/  a previous call's OUTDIR/prebuilt/ (the .so gzipped, _build_config.py,
 #               prebuilt_sources.sha1), carried to skip the build; it is used only when its
 #               hash matches these C++ sources. A build left on a warm machine is reused alike;
@@ -153,6 +163,68 @@ ensure_built() {  # (a failed build is not tried again by the later steps)
   do_build || { built=2; return 1; }
 }
 
+# ---- the wheel ----------------------------------------------------------------------------
+SOURCE_ASIDE="$ROOT/build/source_package_aside"
+restore_source() {
+  [ -d "$SOURCE_ASIDE/torch_sm90_sdpa" ] && [ ! -e "$ROOT/torch_sm90_sdpa" ] \
+    && mv "$SOURCE_ASIDE/torch_sm90_sdpa" "$ROOT/torch_sm90_sdpa"
+  return 0
+}
+do_wheel() {
+  install_wheels || return 1
+  nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+  rm -rf "$OUT/wheel" build/wheel_site
+  local t
+  t=$(date +%s)
+  TORCH_SM90_SDPA_BUILD_CUDA=1 "$PY" -m pip wheel -v --no-build-isolation --no-deps \
+    -w "$OUT/wheel" . > "$OUT/wheel_build.log" 2>&1
+  local rc=$?
+  local whl
+  whl=$(ls "$OUT"/wheel/torch_sm90_sdpa-*.whl 2> /dev/null | head -n 1)
+  if [ "$rc" -ne 0 ] || [ -z "$whl" ]; then
+    fail "wheel: FAILED (exit $rc, wheel_build.log)"
+    return 1
+  fi
+  stamp "wheel: $(basename "$whl"), $(du -h "$whl" | cut -f1), built in $(( $(date +%s) - t )) s"
+  if ! "$PY" -m pip install -q --no-index --no-deps --target build/wheel_site "$whl" \
+      > "$OUT/wheel_install.log" 2>&1; then
+    fail "wheel: pip install FAILED (wheel_install.log)"
+    return 1
+  fi
+  mkdir -p "$SOURCE_ASIDE"
+  rm -rf "$SOURCE_ASIDE/torch_sm90_sdpa"
+  mv torch_sm90_sdpa "$SOURCE_ASIDE/" && trap restore_source EXIT
+  export PYTHONPATH="$ROOT/build/wheel_site:$DEPS"
+  "$PY" -c 'import torch_sm90_sdpa as t, torch_sm90_sdpa._C; info = t.build_info()
+print(t.__file__); print(info)' > "$OUT/wheel_import.txt" 2>&1
+  rc=$?
+  [ "$rc" -eq 0 ] || status=1
+  stamp "wheel: import exit $rc, from $(head -n 1 "$OUT/wheel_import.txt")"
+  built=1  # (the later steps use the installed package, not an in-place build)
+}
+do_steps() {
+  ensure_built || return 1
+  if ! "$PY" -c "import transformers" > /dev/null 2>&1; then
+    local wheels=() w
+    for w in .whl/transformers/*.whl; do  # (numpy only where the machine has none)
+      case "$(basename "$w")" in numpy-*) "$PY" -c "import numpy" 2> /dev/null && continue ;; esac
+      wheels+=("$w")
+    done
+    "$PY" -m pip install -q --no-index --no-deps --target "$DEPS" "${wheels[@]}" \
+      >> "$OUT/pip.log" 2>&1 || { fail "steps: transformers not installable (pip.log)"; return 1; }
+  fi
+  local padded rc
+  for padded in "" --padded; do
+    "$PY" benchmarks/bench_transformers.py --interface $padded \
+      --json "$OUT/bench_transformers${padded:+_padded}.json" \
+      > "$OUT/bench_transformers${padded:+_padded}.txt" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] || status=1
+    stamp "steps ${padded:-unpadded}: exit $rc; $(grep -E 'speedup|sm90_sdpa' \
+      "$OUT/bench_transformers${padded:+_padded}.txt" | tr '\n' ';')"
+  done
+}
+
 # ---- the steps ----------------------------------------------------------------------------
 do_test() {
   ensure_built || return 1
@@ -240,8 +312,10 @@ for step in "${steps[@]}"; do
     masks) do_masks ;;
     sanitize) do_sanitize ;;
     ncu) do_ncu ;;
+    wheel) do_wheel ;;
+    steps) do_steps ;;
     all) do_build && do_test; do_sanitize; do_bench ;;
-    *) fail "unknown command '$step' (build, test, bench, masks, sanitize, ncu, all)" ;;
+    *) fail "unknown command '$step' (build, test, bench, masks, sanitize, ncu, wheel, steps, all)" ;;
   esac
 done
 stamp "result: $([ "$status" -eq 0 ] && echo PASS || echo FAIL), logs in $OUT"
