@@ -11,7 +11,11 @@ generated from them or checked against them:
                                    (two files: they compile in parallel)
   csrc/instantiations/bwd_main_<dtype>_hdim<D>_full.cu   head dims of TILES_FULL: the dense
                                    kernel with the tile of calls that are not deterministic
-  csrc/instantiations/variants.h   TORCH_SM90_SDPA_FOR_EACH_VARIANT(X), the C++ dispatch list;
+  csrc/instantiations/fwd_main_<dtype>_hdim<D>.cu   per variant of a head dim of FWD_TILES: the
+                                   forward kernel (run_fwd_main)
+  csrc/instantiations/fwd_tile_configs.h   the DefaultFwdConfig<D> tile specializations
+  csrc/instantiations/variants.h   TORCH_SM90_SDPA_FOR_EACH_VARIANT(X), the C++ dispatch list
+                                   (and TORCH_SM90_SDPA_FOR_EACH_FWD_VARIANT(X), the forward's);
                                    the DefaultBwdConfig<D> tile specializations; a check that
                                    sm90_sdpa::DType has these codes
   torch_sm90_sdpa/_build_config.py what was built, for Python (written by setup.py)
@@ -23,7 +27,7 @@ Usage (normally through setup.py's build command):
 Stand-alone it reads no environment; setup.py passes TORCH_SM90_SDPA_HEAD_DIMS and
 TORCH_SM90_SDPA_DTYPES through parse_head_dims() / parse_dtypes().
 Only files whose content changes are rewritten (keeps incremental builds incremental), and
-bwd_main_*.cu files of variants no longer selected are removed.
+bwd_main_*.cu / fwd_main_*.cu files of variants no longer selected are removed.
 """
 
 from __future__ import annotations
@@ -93,6 +97,23 @@ TILES: Dict[int, Tile] = {
 # stmatrix .trans (16-byte rows) instead of one 16-bit store per element; main kernel 1.3-22%
 # faster on every FA-grid d256 row, most at short lengths (A/B of 9941635). d192 measured
 # level to 1.3% slower with it (its spill grew) and keeps the element-wise stores.
+
+
+class FwdTile(NamedTuple):
+    """Arguments of sm90_sdpa::kernel::FwdTileConfig (csrc/kernel/fwd_config.h)."""
+
+    block_m: int  # query rows per CTA (two MMA warpgroups of 64)
+    block_n: int  # keys per step
+    stages: int   # K / V pipeline depth
+
+
+# The forward kernel's tile per head dim (bf16 and fp16 share it): the head dims of the selected
+# ones (TORCH_SM90_SDPA_HEAD_DIMS) that are keys here get a forward kernel.
+FWD_TILES: Dict[int, FwdTile] = {
+    64: FwdTile(block_m=128, block_n=128, stages=2),
+    128: FwdTile(block_m=128, block_n=128, stages=2),
+}
+
 # Head dims whose dense kernel has a tile of its own for calls that are not deterministic
 # (causal or full; FullBwdConfig<D>: a third kernel in bwd_main_<dtype>_hdim<D>_full.cu). The
 # masked and deterministic kernels keep TILES' tile: the mask classification and the
@@ -209,6 +230,40 @@ def write_if_changed(path: str, text: str) -> bool:
     return True
 
 
+def fwd_instantiation_filename(dtype: str, head_dim: int) -> str:
+    return f"fwd_main_{dtype}_hdim{head_dim}.cu"
+
+
+def fwd_instantiation_source(dtype: str, head_dim: int) -> str:
+    enum = DTYPES[dtype][0]
+    return (
+        HEADER_NOTE
+        + f"// SM90 forward kernel, dtype {dtype}, head dim {head_dim}.\n"
+        + '#include "fwd_main_launch_template.h"\n\n'
+        + "namespace sm90_sdpa {\n"
+        + f"template void run_fwd_main<DType::{enum}, {head_dim}>(const FwdParams&, cudaStream_t);\n"
+        + "}  // namespace sm90_sdpa\n"
+    )
+
+
+def fwd_tile_configs_header() -> str:
+    """DefaultFwdConfig<D> for every head dim of FWD_TILES (included by kernel/fwd_config.h)."""
+    lines = [HEADER_NOTE,
+             "// The forward kernel's tile per head dim (FWD_TILES in csrc/generate_instantiations.py).\n",
+             "#pragma once\n\n",
+             "namespace sm90_sdpa {\nnamespace kernel {\n\n"]
+    for d, t in sorted(FWD_TILES.items()):
+        lines.append(f"template <> struct DefaultFwdConfig<{d}>\n"
+                     f"    : FwdTileConfig<{d}, {t.block_m}, {t.block_n}, {t.stages}> {{}};\n")
+    lines.append("\n}  // namespace kernel\n}  // namespace sm90_sdpa\n")
+    return "".join(lines)
+
+
+def fwd_variants(selected: Sequence[Variant]) -> List[Variant]:
+    """The forward kernels of a build: the selected variants whose head dim has a forward tile."""
+    return [(dt, d) for dt, d in selected if d in FWD_TILES]
+
+
 def instantiation_source(dtype: str, head_dim: int, kind: str = "dense") -> str:
     enum = DTYPES[dtype][0]
     default_cfg = f"kernel::DefaultBwdConfig<{head_dim}>"
@@ -281,6 +336,13 @@ def variants_header(selected: Sequence[Variant], main_kernel: bool) -> str:
             enum, code = DTYPES[dt]
             lines.append(f" \\\n  X({enum}, \"{dt}\", {code}, {d})")
     lines.append("\n")
+    lines.append("// the forward kernels: X(dtype enumerator, dtype name, dtype code, head dim)\n"
+                 "#define TORCH_SM90_SDPA_FOR_EACH_FWD_VARIANT(X)")
+    if main_kernel:
+        for dt, d in fwd_variants(selected):
+            enum, code = DTYPES[dt]
+            lines.append(f" \\\n  X({enum}, \"{dt}\", {code}, {d})")
+    lines.append("\n")
     return "".join(lines)
 
 
@@ -348,6 +410,7 @@ def build_config_source(*, cuda: bool, reason: str | None, main_kernel: bool,
         f"REASON = {reason!r}",
         f"MAIN_KERNEL = {bool(built)!r}",
         f"VARIANTS = {built!r}  # ((dtype name, head dim), ...) built",
+        f"FWD_VARIANTS = {tuple(fwd_variants(built))!r}  # ... with a forward kernel",
         f"ARCH = {arch!r}",
         f"DTYPE_CODES = {{{', '.join(f'{n!r}: {c}' for n, (_, c) in DTYPES.items())}}}",
         f"HEAD_DIMS = {DEFAULT_HEAD_DIMS!r}  # head dims with a tile configuration",
@@ -372,8 +435,10 @@ def generate(
     for dt, d in selected:
         for kind in kernel_kinds(d):
             wanted[instantiation_filename(dt, d, kind)] = instantiation_source(dt, d, kind)
+    for dt, d in fwd_variants(selected):
+        wanted[fwd_instantiation_filename(dt, d)] = fwd_instantiation_source(dt, d)
     for name in sorted(os.listdir(out_dir)):
-        if name.startswith("bwd_main_") and name.endswith(".cu") and name not in wanted:
+        if name.startswith(("bwd_main_", "fwd_main_")) and name.endswith(".cu") and name not in wanted:
             os.remove(os.path.join(out_dir, name))
     paths = []
     for name, text in wanted.items():
@@ -382,6 +447,7 @@ def generate(
         paths.append(path)
     write_if_changed(os.path.join(out_dir, "variants.h"), variants_header(selected, main_kernel))
     write_if_changed(os.path.join(out_dir, "tile_configs.h"), tile_configs_header())
+    write_if_changed(os.path.join(out_dir, "fwd_tile_configs.h"), fwd_tile_configs_header())
     stale = os.path.join(out_dir, "compiled_variants.h")  # the name before variants.h
     if os.path.exists(stale):
         os.remove(stale)

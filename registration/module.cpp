@@ -19,6 +19,8 @@
 //   _C.cuda_kernel_registered(), _C.cuda_calls()
 //   _C.has_variant(head_dim, dtype_code), _C.compiled_variants(), _C.build_info()
 //   _C.switches() -> dict, _C.reload_switches()      the experiment switches (device::Switches)
+//   _C.FwdParams() (the forward's fields, fwd_params.h), _C.run_fwd(params, stream),
+//   _C.has_fwd_variant(head_dim, dtype_code), _C.compiled_fwd_variants()
 //   _C.SEQ_ROUND, _C.DTYPE_CODES ({"fp16": 0, "bf16": 1})
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -32,6 +34,8 @@
 
 #include "bwd_device.h"
 #include "bwd_params.h"
+#include "fwd_device.h"
+#include "fwd_params.h"
 #include "torch_op.h"
 
 #if __has_include("instantiations/build_info.h")
@@ -58,6 +62,7 @@
 
 namespace py = pybind11;
 using sm90_sdpa::BwdParams;
+using sm90_sdpa::FwdParams;
 using sm90_sdpa::DType;
 namespace dev = sm90_sdpa::device;
 
@@ -186,6 +191,14 @@ void bind_operand(py::class_<dev::BwdProblem>& c, const char* name) {
       [](BwdParams& p, std::uintptr_t v) { p.name = reinterpret_cast<T>(v); })
 #define TENSOR_FIELDS(name, T) \
   PTR_FIELD(name, T) FIELD(name##_batch_stride) FIELD(name##_head_stride) FIELD(name##_row_stride)
+#define FWD_FIELD(name) .def_readwrite(#name, &FwdParams::name)
+#define FWD_PTR_FIELD(name, T)                                                        \
+  .def_property(                                                                      \
+      #name, [](const FwdParams& p) { return ptr_to_int(p.name); },                   \
+      [](FwdParams& p, std::uintptr_t v) { p.name = reinterpret_cast<T>(v); })
+#define FWD_TENSOR_FIELDS(name, T)                                                              \
+  FWD_PTR_FIELD(name, T) FWD_FIELD(name##_batch_stride) FWD_FIELD(name##_head_stride) \
+      FWD_FIELD(name##_row_stride)
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_sm90_sdpa CUDA kernels (SM90 attention backward); torch-free";
@@ -411,6 +424,35 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("params"), py::arg("stream"),
       "preprocess + main SM90 backward kernel + postprocess, on the given stream.");
+
+  py::class_<FwdParams>(m, "FwdParams")
+      .def(py::init<>())
+      FWD_FIELD(batch) FWD_FIELD(heads_q) FWD_FIELD(heads_kv) FWD_FIELD(seqlen_q) FWD_FIELD(seqlen_k)
+      FWD_FIELD(head_dim)
+      .def_property(
+          "dtype", [](const FwdParams& p) { return static_cast<int>(p.dtype); },
+          [](FwdParams& p, int code) {
+            if (code != static_cast<int>(DType::kFloat16) && code != static_cast<int>(DType::kBFloat16)) {
+              throw py::value_error("torch_sm90_sdpa: FwdParams.dtype must be 0 (fp16) or 1 (bf16), got " +
+                                    std::to_string(code));
+            }
+            p.dtype = static_cast<DType>(code);
+          })
+      FWD_FIELD(scale_log2) FWD_FIELD(is_causal)
+      FWD_TENSOR_FIELDS(q, const void*) FWD_TENSOR_FIELDS(k, const void*) FWD_TENSOR_FIELDS(v, const void*)
+      FWD_TENSOR_FIELDS(out, void*)
+      FWD_PTR_FIELD(lse, float*) FWD_FIELD(lse_batch_stride) FWD_FIELD(lse_head_stride);
+  m.def(
+      "run_fwd",
+      [](const FwdParams& p, std::uintptr_t stream) {
+        py::gil_scoped_release nogil;
+        dev::run_fwd(p, to_stream(stream));
+      },
+      py::arg("params"), py::arg("stream"), "The SM90 forward kernel: out and lse, on the given stream.");
+  m.def("has_fwd_variant", &dev::has_fwd_variant, py::arg("head_dim"), py::arg("dtype"),
+        "Whether the forward kernel for (head_dim, dtype code 0 fp16 / 1 bf16) is compiled.");
+  m.def("compiled_fwd_variants", &dev::compiled_fwd_variants,
+        "[(dtype name, head dim), ...] with a forward kernel.");
 
   m.def("register_torch_ops", &sm90_sdpa::torch_op::register_ops, py::arg("libtorch_cpu"),
         py::arg("libtorch_cuda"), py::arg("cuda_kernel") = true, py::arg("probe") = false,

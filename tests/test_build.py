@@ -88,14 +88,19 @@ def test_parse_env_values():
 
 def test_generator_writes_a_file_per_kernel(tmp_path):
     """Per variant: the kernel without a mask with run_bwd_main, and the masked kernel; for the
-    head dims of TILES_FULL the full-tile kernel too."""
+    head dims of TILES_FULL the full-tile kernel too; for those of FWD_TILES the forward."""
     assert set(gen.TILES_FULL) <= set(gen.TILES) and 128 in gen.TILES_FULL and 64 not in gen.TILES_FULL
     paths = gen.generate(str(tmp_path), head_dims=(128, 64), dtypes=("bf16",), main_kernel=True)
     names = sorted(os.path.basename(p) for p in paths)
     assert names == ["bwd_main_bf16_hdim128.cu", "bwd_main_bf16_hdim128_full.cu",
                      "bwd_main_bf16_hdim128_masked.cu",
-                     "bwd_main_bf16_hdim64.cu", "bwd_main_bf16_hdim64_masked.cu"]
-    assert sorted(os.listdir(tmp_path)) == names + ["tile_configs.h", "variants.h"]
+                     "bwd_main_bf16_hdim64.cu", "bwd_main_bf16_hdim64_masked.cu",
+                     "fwd_main_bf16_hdim128.cu", "fwd_main_bf16_hdim64.cu"]
+    assert sorted(os.listdir(tmp_path)) == names + ["fwd_tile_configs.h", "tile_configs.h",
+                                                    "variants.h"]
+    assert "run_fwd_main<DType::kBFloat16, 64>" in (tmp_path / "fwd_main_bf16_hdim64.cu").read_text()
+    assert "X(kBFloat16, \"bf16\", 1, 64)" in (tmp_path / "variants.h").read_text().split(
+        "FOR_EACH_FWD_VARIANT")[1]
     src = (tmp_path / "bwd_main_bf16_hdim64.cu").read_text()
     assert '#include "bwd_main_launch_template.h"' in src
     assert "template void run_bwd_main<DType::kBFloat16, 64>(const BwdParams&, cudaStream_t);" in src
@@ -120,22 +125,23 @@ def test_generator_writes_a_file_per_kernel(tmp_path):
         assert f"struct DefaultBwdConfig<{d}>" in tiles
         assert (f"struct FullBwdConfig<{d}>" in tiles) == (d in gen.TILES_FULL)
 
-    # all defaults: 22 files, fp16 first
+    # all defaults: 22 backward files, fp16 first, then the forward's
     paths = gen.generate(str(tmp_path))
     assert [os.path.basename(p) for p in paths] == [
         f"bwd_main_{dt}_hdim{d}{m}.cu" for dt in ("fp16", "bf16") for d in (64, 96, 128, 192, 256)
-        for m in (("", "_masked", "_full") if d == 128 else ("", "_masked"))]
+        for m in (("", "_masked", "_full") if d == 128 else ("", "_masked"))] + [
+        f"fwd_main_{dt}_hdim{d}.cu" for dt in ("fp16", "bf16") for d in sorted(gen.FWD_TILES)]
 
     # a narrower selection removes the files of the variants no longer built
     gen.generate(str(tmp_path), head_dims=(96,), dtypes=("fp16",))
     assert sorted(os.listdir(tmp_path)) == ["bwd_main_fp16_hdim96.cu", "bwd_main_fp16_hdim96_masked.cu",
-                                            "tile_configs.h", "variants.h"]
+                                            "fwd_tile_configs.h", "tile_configs.h", "variants.h"]
 
 
 def test_generator_without_main_kernel(tmp_path):
     paths = gen.generate(str(tmp_path), head_dims=(64,), dtypes=("fp16",), main_kernel=False)
     assert paths == []
-    assert sorted(os.listdir(tmp_path)) == ["tile_configs.h", "variants.h"]
+    assert sorted(os.listdir(tmp_path)) == ["fwd_tile_configs.h", "tile_configs.h", "variants.h"]
     hdr = (tmp_path / "variants.h").read_text()
     assert "#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED 0" in hdr
     assert "#define TORCH_SM90_SDPA_NUM_VARIANTS 0" in hdr
@@ -143,7 +149,7 @@ def test_generator_without_main_kernel(tmp_path):
 
 def test_generator_leaves_unchanged_files_alone(tmp_path):
     paths = gen.generate(str(tmp_path), head_dims=(64,), dtypes=("bf16",))
-    assert len(paths) == 2  # the dense and the masked kernel
+    assert len(paths) == 3  # the dense and the masked kernel, the forward
     for p in paths:
         os.utime(p, (1000, 1000))
     gen.generate(str(tmp_path), head_dims=(64,), dtypes=("bf16",))

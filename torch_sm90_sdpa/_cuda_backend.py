@@ -12,6 +12,9 @@ pre/post kernels.
     make_params(grad_out, q, k, v, out, lse, is_causal=False, scale=1.0, deterministic=False,
                 dq=None, dk=None, dv=None, gqa_accum=None) -> (params, Workspace)
     run_preprocess(params) / run_postprocess(params) / run_backward(params)   current stream
+    forward_unserved(q, k, v, is_causal, attn_mask) -> None, or why the SM90 forward kernel
+        does not serve the call
+    sdpa_forward_cuda(q, k, v, is_causal, scale) -> (out, lse)   the SM90 forward kernel
 
 Shapes: q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out / grad_out
 [B, Hq, Sq, Dv], lse fp32 [B, Hq, Sq]; any strides with a contiguous last dim.
@@ -240,3 +243,68 @@ def sdpa_backward_python(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
     # `ws` and the copies are freed here: the caching allocator reuses them only in stream
     # order, after the kernels just queued on this stream.
     return dq, dk, dv
+
+
+# ---- the forward ---------------------------------------------------------------------------
+
+_LOG2E = 1.4426950408889634
+_INT32_MAX = 2**31 - 1
+
+
+def forward_unserved(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                     attn_mask: Optional[Tensor] = None) -> Optional[str]:
+    """None when the SM90 forward kernel serves this call (q [B, Hq, Sq, D], k / v
+    [B, Hkv, Sk, D]), else a short reason."""
+    if attn_mask is not None:
+        return "attn_mask (the forward kernel takes none)"
+    if not (q.is_cuda and k.is_cuda and v.is_cuda):
+        return "not CUDA tensors"
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return "dtype"
+    if v.size(-1) != q.size(-1):
+        return "Dv != D"
+    if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
+        return "an empty size"
+    if q.size(1) % k.size(1) != 0:
+        return "Hq not a multiple of Hkv"
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return "not an SM90 GPU"
+    C = _extension.load()
+    has = getattr(C, "has_fwd_variant", None)  # (None: no _C, or one built before the forward)
+    if has is None or not has(q.size(-1), _extension.dtype_code(q.dtype)):
+        return "head dim not compiled"
+    if max(q.size(0), q.size(1), q.size(2), k.size(2)) > _INT32_MAX // 2:
+        return "sizes exceed the kernel's int32 indexing"
+    elem = q.element_size()
+    for name, t, heads, rows in (("q", q, q.size(1), q.size(2)), ("k", k, k.size(1), k.size(2)),
+                                 ("v", v, v.size(1), v.size(2))):
+        if t.stride(-1) != 1:
+            return f"{name}: last dim not contiguous"
+        if not C.tma_addressable(C.OperandLayout.of(t.stride(), t.data_ptr()), elem, q.size(0),
+                                 heads, rows):
+            return f"{name}: strides or address TMA cannot read"
+    return None
+
+
+def sdpa_forward_cuda(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float):
+    """(out, lse) of a call forward_unserved() accepts, from the SM90 forward kernel: out like
+    torch.empty_like(q), lse [B, Hq, Sq] fp32 (natural log; -inf for a row without a key)."""
+    C = _module()
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    p = C.FwdParams()
+    p.batch, p.heads_q, p.seqlen_q, p.head_dim = q.size(0), q.size(1), q.size(2), q.size(3)
+    p.heads_kv, p.seqlen_k = k.size(1), k.size(2)
+    p.dtype = _extension.dtype_code(q.dtype)
+    p.scale_log2 = float(scale) * _LOG2E
+    p.is_causal = bool(is_causal)
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        setattr(p, name, t.data_ptr())
+        setattr(p, f"{name}_batch_stride", t.stride(0))
+        setattr(p, f"{name}_head_stride", t.stride(1))
+        setattr(p, f"{name}_row_stride", t.stride(2))
+    p.lse = lse.data_ptr()
+    p.lse_batch_stride, p.lse_head_stride = lse.stride(0), lse.stride(1)
+    with torch.cuda.device(q.device):
+        C.run_fwd(p, _stream(q.device))
+    return out, lse

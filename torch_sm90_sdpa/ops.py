@@ -12,6 +12,11 @@
   runs no fused kernel, e.g. an empty size, the reference forward), backward through
   ``sdpa_backward``.
 
+- ``torch.ops.torch_sm90_sdpa.sdpa_forward(q, k, v, is_causal=False, scale=None,
+  enable_gqa=False, attn_mask=None) -> (out, lse)``: ``sdpa`` with the SM90 forward kernel on
+  CUDA where it serves the call (no mask, fp16 / bf16, a compiled head dim; else the same
+  forward as ``sdpa``), the same lse layout, fake kernel and backward.
+
 ``scale=None`` means 1/sqrt(D) (1 for D = 0, where every score is 0 whatever the scale).
 Empty sizes (batch, heads, query or key length, head dim) give stock SDPA's result: empty
 outputs, or out = 0 / lse = -inf / zero gradients for queries that see no key.
@@ -39,7 +44,7 @@ import torch
 from torch import Tensor
 
 from . import _extension, _validation
-from ._cuda_backend import sdpa_backward_python
+from ._cuda_backend import forward_unserved, sdpa_backward_python, sdpa_forward_cuda
 from .reference import attention_backward_reference, attention_forward_reference, expand_mask
 
 log = logging.getLogger("torch_sm90_sdpa")
@@ -406,6 +411,26 @@ def _sdpa_backward(ctx, grad_out, _grad_lse):
 
 
 sdpa.register_autograd(_sdpa_backward, setup_context=_sdpa_setup_context)
+
+
+@torch.library.custom_op("torch_sm90_sdpa::sdpa_forward", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def sdpa_forward(
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, scale: Optional[float] = None,
+    enable_gqa: bool = False, attn_mask: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor]:
+    _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask)
+    scale = _validation.resolve_scale(scale, q)
+    if q.device.type == "cuda":
+        why_not = forward_unserved(q, k, v, is_causal, attn_mask)
+        if why_not is None:
+            return sdpa_forward_cuda(q, k, v, is_causal, scale)
+        log.debug("sdpa_forward: stock forward (%s)", why_not)
+    return _stock_forward(q, k, v, is_causal, scale, attn_mask, enable_gqa)
+
+
+sdpa_forward.register_fake(_sdpa_fake)
+sdpa_forward.register_autograd(_sdpa_backward, setup_context=_sdpa_setup_context)
 
 
 class EagerSdpa(torch.autograd.Function):

@@ -1,0 +1,121 @@
+"""Attention forward: the SM90 forward kernel (torch.ops.torch_sm90_sdpa.sdpa_forward) next to
+stock SDPA's fused forwards, in one process on the same inputs, interleaved, synchronized per
+call, median of the repeats.
+
+Columns per row (bf16, BSHD memory viewed as BHSD, 16k tokens per batch: b = 16384 / s):
+  ours          sdpa_forward, is_causal or full
+  cudnn         F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION)
+  flash         the same under FLASH_ATTENTION (FlashAttention-2)
+  cudnn_mask    causal rows only: cuDNN given the causal mask as a bool [B, 1, S, S] tensor
+                (what compiled transformers models hand SDPA)
+TFLOP/s count the visible half under causal masking: 4 * b * hq * s^2 * d (/ 2).
+
+    python benchmarks/bench_fwd.py [--dims 64,128] [--seqs 512,2048,8192,16384] [--reps 20]
+                                   [--json OUT]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_sm90_sdpa  # noqa: E402,F401
+from bench_bwd import time_interleaved  # noqa: E402
+from torch_sm90_sdpa import _cuda_backend  # noqa: E402
+
+HEADS = {64: (32, 8), 128: (16, 4), 256: (8, 8)}  # (q heads, kv heads) per head dim
+
+
+def make(b, hq, hkv, s, d, dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, s, hq, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+    k = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+    v = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+    return q, k, v
+
+
+def columns(q, k, v, causal):
+    gqa = q.size(1) != k.size(1)
+
+    def ours():
+        return torch.ops.torch_sm90_sdpa.sdpa_forward(q, k, v, causal, None, gqa)
+
+    def stock(backend, mask=None):
+        def run():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                      is_causal=causal and mask is None,
+                                                      enable_gqa=gqa)
+        return run
+
+    cols = {"ours": ours, "cudnn": stock(SDPBackend.CUDNN_ATTENTION),
+            "flash": stock(SDPBackend.FLASH_ATTENTION)}
+    if causal:
+        s = q.size(2)
+        keep = torch.ones(s, s, dtype=torch.bool, device="cuda").tril()[None, None]
+        cols["cudnn_mask"] = stock(SDPBackend.CUDNN_ATTENTION, keep.expand(q.size(0), 1, s, s))
+    usable = {}
+    for name, fn in cols.items():  # a backend that refuses the row is left out
+        try:
+            with torch.no_grad():
+                fn()
+            usable[name] = fn
+        except RuntimeError as exc:
+            print(f"  {name}: not run ({str(exc).splitlines()[0][:100]})")
+    return usable
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--seqs", default="512,2048,8192,16384")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    rows = []
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; TFLOP/s")
+    for d in (int(x) for x in args.dims.split(",")):
+        hq, hkv = HEADS[d]
+        for s in (int(x) for x in args.seqs.split(",")):
+            b = max(1, 16384 // s)
+            q, k, v = make(b, hq, hkv, s, d, dtype)
+            why_not = _cuda_backend.forward_unserved(q, k, v)
+            if why_not is not None:
+                print(f"d{d} s{s}: our forward does not serve it ({why_not})")
+                continue
+            for causal in (False, True):
+                cols = columns(q, k, v, causal)
+                with torch.no_grad():
+                    ms = time_interleaved(cols, args.reps, warmup=2)
+                flops = 4 * b * hq * s * s * d / (2 if causal else 1)
+                tflops = {n: flops / (t * 1e-3) / 1e12 for n, t in ms.items()}
+                peers = {n: t for n, t in tflops.items() if n not in ("ours", "cudnn_mask")}
+                best = max(peers.values()) if peers else float("nan")
+                row = dict(d=d, hq=hq, hkv=hkv, b=b, s=s, causal=causal, ms=ms, tflops=tflops,
+                           ours_over_best=tflops["ours"] / best)
+                rows.append(row)
+                print(f"d{d} {hq}/{hkv} b{b} s{s} {'causal' if causal else 'full  '}: "
+                      + "  ".join(f"{n} {t:6.1f}" for n, t in tflops.items())
+                      + f"  ours/best {row['ours_over_best']:.3f}", flush=True)
+    if rows:
+        geo = statistics.geometric_mean(r["ours_over_best"] for r in rows)
+        print(f"ours / best stock (cuDNN, flash), geometric mean over {len(rows)} rows: {geo:.3f}")
+    if args.json:
+        commit = os.environ.get("GIT_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        with open(args.json, "w") as f:
+            json.dump({"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                "commit": commit, "command": " ".join(sys.argv)},
+                       "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,375 @@
+// The SM90 attention-forward kernel: one CTA per (query block, q head, batch), warp-specialized.
+//
+//   producer warp      : Q_i once, then K_j and V_j for every key block j the block sees, last
+//                        to first, through two TMA pipelines (K and V apart: S = Q K^T starts
+//                        when K_j lands, V_j may still be in flight)
+//   MMA warpgroups     : 64 query rows each; per key block S = Q K^T (wgmma, both operands in
+//                        shared memory), the causal cut and the key tail on the blocks that
+//                        cross them, the online softmax in registers, O += P V (wgmma with P
+//                        from registers); then O / rowsum and lse written from registers
+//
+// Key blocks go last to first, so the blocks that need the causal cut or the key tail come
+// first and every later block runs without any masking code.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+
+#include "../fwd_params.h"
+#include "fwd_config.h"
+#include "utils.h"
+
+namespace sm90_sdpa {
+namespace kernel {
+
+using namespace cute;
+
+// An accumulator fragment ((2, 2, V), MMA_M, MMA_N) of a wgmma C tile viewed as (rows, cols):
+// ((2, MMA_M), (2, V, MMA_N)). Per thread, row r holds the values of one query row (rows 8
+// apart), and columns 2c, 2c + 1 are adjacent keys (or head-dim columns).
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_layout_rowcol(Layout const& acc) {
+  static_assert(decltype(rank(acc))::value == 3);
+  return make_layout(make_layout(layout<0, 1>(acc), layout<1>(acc)),
+                     make_layout(layout<0, 0>(acc), layout<0, 2>(acc), layout<2>(acc)));
+}
+
+// The four threads of a quad hold the same rows of a wgmma accumulator.
+CUTE_DEVICE float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+CUTE_DEVICE float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <class Cfg, class Element_>
+struct FwdKernel {
+  using Element = Element_;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kStages = Cfg::kStages;
+  static constexpr int kNumMmaWG = kBlockM / 64;
+  static constexpr int kNumMmaThreads = kNumMmaWG * cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
+  // (fwd_config.h: two MMA warpgroups) 24 + 2 x 240 registers per thread of a warp trio
+  static constexpr uint32_t kLoadRegs = 24;
+  static constexpr uint32_t kMmaRegs = 240;
+
+  // S = Q K^T: each warpgroup its 64 rows, all kBlockN keys.
+  using TiledMmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
+      Layout<Shape<Int<kNumMmaWG>, _1, _1>>{}));
+  // O += P V: P from registers (K-major), V^T (head dim, keys) from shared memory, MN-major.
+  using TiledMmaO = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      Layout<Shape<Int<kNumMmaWG>, _1, _1>>{}));
+
+  using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                             GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>());
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, make_shape(Int<kBlockM>{}, Int<kHeadDim>{})));
+  using SmemAtomKV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                              GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
+  using SmemLayoutKV = decltype(tile_to_shape(
+      SmemAtomKV{}, make_shape(Int<kBlockN>{}, Int<kHeadDim>{}, Int<kStages>{})));
+  // V^T: the same memory as (head dim, keys, stage)
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_layout(make_shape(Int<kHeadDim>{}, Int<kBlockN>{}, Int<kStages>{}),
+                                  make_stride(Int<kBlockN>{}, _1{}, Int<kBlockN * kHeadDim>{}))));
+
+  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (S, D, H, B)
+  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
+                                          StrideQKV{}));
+  using TMA_Q = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
+                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TMA_KV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutKV{}),
+                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);
+
+  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename PipelineKV::PipelineState;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> smem_q;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> smem_k;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> smem_v;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    alignas(16) typename PipelineKV::SharedStorage pipeline_k;
+    alignas(16) typename PipelineKV::SharedStorage pipeline_v;
+  };
+  static constexpr int kSharedStorageSize = sizeof(SharedStorage);
+  static_assert(kSharedStorageSize <= 227 * 1024, "over the 227 KB of shared memory an SM90 CTA can have");
+
+  struct Params {
+    ShapeQKV shape_q;  // (Sq, D, Hq, B)
+    ShapeQKV shape_k;  // (Sk, D, Hkv, B)
+    TMA_Q tma_q;
+    TMA_KV tma_k;
+    TMA_KV tma_v;
+    Element* out;
+    int64_t out_batch_stride, out_head_stride, out_row_stride;
+    float* lse;
+    int64_t lse_batch_stride, lse_head_stride;
+    int seqlen_q, seqlen_k, qhead_per_khead;
+    float scale_log2;
+    bool is_causal;
+  };
+
+  // p: strides already fit for TMA (launch_fwd_main)
+  static Params to_params(FwdParams const& p) {
+    auto gmem = [](void const* ptr, int s, int h, int b, int64_t rs, int64_t hs, int64_t bs) {
+      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+                         make_shape(s, int32_t(kHeadDim), h, b), make_stride(rs, _1{}, hs, bs));
+    };
+    auto mQ = gmem(p.q, p.seqlen_q, p.heads_q, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+    auto mK = gmem(p.k, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+    auto mV = gmem(p.v, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+    return Params{
+        make_shape(p.seqlen_q, int32_t(kHeadDim), p.heads_q, p.batch),
+        make_shape(p.seqlen_k, int32_t(kHeadDim), p.heads_kv, p.batch),
+        make_tma_copy(SM90_TMA_LOAD{}, mQ, SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}),
+        static_cast<Element*>(p.out),
+        p.out_batch_stride,
+        p.out_head_stride,
+        p.out_row_stride,
+        p.lse,
+        p.lse_batch_stride,
+        p.lse_head_stride,
+        p.seqlen_q,
+        p.seqlen_k,
+        p.heads_q / p.heads_kv,
+        p.scale_log2,
+        p.is_causal};
+  }
+
+  // The key blocks query block m_block sees: [0, n_end). Causal (top-left): keys up to the
+  // block's last row.
+  CUTE_DEVICE static int n_block_end(Params const& params, int m_block) {
+    int keys = params.seqlen_k;
+    if (params.is_causal) { keys = cute::min(keys, (m_block + 1) * kBlockM); }
+    return (keys + kBlockN - 1) / kBlockN;
+  }
+
+  CUTE_DEVICE void load(Params const& params, SharedStorage& ss, PipelineKV& pipeline_k, PipelineKV& pipeline_v,
+                        int m_block, int bidh, int bidb, int n_end) {
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), SmemLayoutKV{});
+    Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q)(_, _, bidh, bidb);
+    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));  // (M, D)
+    int const bidh_kv = bidh / params.qhead_per_khead;
+    Tensor mK = params.tma_k.get_tma_tensor(params.shape_k)(_, _, bidh_kv, bidb);
+    Tensor mV = params.tma_v.get_tma_tensor(params.shape_k)(_, _, bidh_kv, bidb);
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, D, n)
+
+    auto tma_q = params.tma_q.get_slice(_0{});
+    auto tma_k = params.tma_k.get_slice(_0{});
+    auto tma_v = params.tma_v.get_slice(_0{});
+    Tensor tQgQ = tma_q.partition_S(gQ);
+    Tensor tQsQ = tma_q.partition_D(sQ);
+    Tensor tKgK = tma_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, n)
+    Tensor tKsK = tma_k.partition_D(sK);  // (TMA, TMA_N, TMA_D, stage)
+    Tensor tVgV = tma_v.partition_S(gV);
+    Tensor tVsV = tma_v.partition_D(sV);
+
+    using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
+    ss.barrier_q.arrive_and_expect_tx(kTmaBytesQ);
+    copy(params.tma_q.with(reinterpret_cast<BarrierT&>(ss.barrier_q), 0), tQgQ, tQsQ);
+    PipelineState write_k = cutlass::make_producer_start_state<PipelineKV>();
+    PipelineState write_v = cutlass::make_producer_start_state<PipelineKV>();
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int n = n_end - 1; n >= 0; --n) {
+      pipeline_k.producer_acquire(write_k);
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write_k), 0), tKgK(_, _, _, n),
+           tKsK(_, _, _, write_k.index()));
+      ++write_k;
+      pipeline_v.producer_acquire(write_v);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write_v), 0), tVgV(_, _, _, n),
+           tVsV(_, _, _, write_v.index()));
+      ++write_v;
+    }
+  }
+
+  // The MMA warpgroups: the whole block, epilogue included. thread_idx: 0 .. kNumMmaThreads - 1.
+  CUTE_DEVICE void mma(Params const& params, SharedStorage& ss, PipelineKV& pipeline_k, PipelineKV& pipeline_v,
+                       int thread_idx, int m_block, int bidh, int bidb, int n_end) {
+    TiledMmaS tiled_mma_s;
+    TiledMmaO tiled_mma_o;
+    auto thr_s = tiled_mma_s.get_thread_slice(thread_idx);
+    auto thr_o = tiled_mma_o.get_thread_slice(thread_idx);
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), SmemLayoutKV{});
+    Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), SmemLayoutVt{});
+    Tensor tSrQ = thr_s.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K)
+    Tensor tSrK = thr_s.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
+    Tensor tOrV = thr_o.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
+
+    Tensor tOrO = partition_fragment_C(tiled_mma_o, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    clear(tOrO);
+    Tensor O = make_tensor(tOrO.data(), acc_layout_rowcol(tOrO.layout()));
+    // (row, key) coordinates of the thread's S values within the tile
+    Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor cS = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
+    constexpr int kRows = decltype(size<0>(cS))::value;
+    static_assert(kRows == decltype(size<0>(O))::value, "S and O hold the same rows");
+    // running max of the scaled (log2) scores, and the row sums of this thread's values
+    float row_max[kRows], row_sum[kRows];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+
+    int const m0 = m_block * kBlockM;
+    int const seqlen_k = params.seqlen_k;
+    bool const is_causal = params.is_causal;
+    float const scale_log2 = params.scale_log2;
+    PipelineState read_k, read_v;
+    ss.barrier_q.wait(0);
+
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int n = n_end - 1; n >= 0; --n) {
+      Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      pipeline_k.consumer_wait(read_k);
+      wg_gemm<true, 0>(tiled_mma_s, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+      pipeline_k.consumer_release(read_k);
+      ++read_k;
+
+      Tensor S = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
+      int const n0 = n * kBlockN;
+      // the key tail or the causal cut cross this block
+      bool const cut = n0 + kBlockN > seqlen_k || (is_causal && n0 + kBlockN - 1 > m0);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        float mx = -INFINITY;
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(S); ++c) {
+          float s = S(r, c) * scale_log2;
+          if (cut) {
+            int const row = m0 + get<0>(cS(r, c));
+            int const col = n0 + get<1>(cS(r, c));
+            if (col >= seqlen_k || (is_causal && col > row)) { s = -INFINITY; }
+          }
+          S(r, c) = s;
+          mx = fmaxf(mx, s);
+        }
+        float const new_max = fmaxf(row_max[r], quad_max(mx));
+        // a row that has seen no visible key yet keeps exp2(-inf - 0) = 0 everywhere
+        float const m_use = new_max == -INFINITY ? 0.f : new_max;
+        float const correction = exp2_ftz(row_max[r] - m_use);
+        row_max[r] = new_max;
+        float sum = 0.f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(S); ++c) {
+          float const p = exp2_ftz(S(r, c) - m_use);
+          S(r, c) = p;
+          sum += p;
+        }
+        row_sum[r] = row_sum[r] * correction + sum;
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(O); ++c) { O(r, c) *= correction; }
+      }
+
+      Tensor rP = make_tensor_like<Element>(tSrS);
+      convert_fragment(tSrS, rP);
+      Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A_operand(rP.layout()));
+      pipeline_v.consumer_wait(read_v);
+      wg_gemm<false, 0>(tiled_mma_o, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      pipeline_v.consumer_release(read_v);
+      ++read_v;
+    }
+
+    // ---- epilogue: O / rowsum and lse, from registers ----
+    Tensor tOcO = thr_o.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor cO = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
+    Element* out = params.out + bidb * params.out_batch_stride + bidh * params.out_head_stride;
+    float* lse = params.lse + bidb * params.lse_batch_stride + bidh * params.lse_head_stride;
+    bool const lse_writer = (thread_idx % 4) == 0;
+    constexpr float kLn2 = 0.6931471805599453f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const sum = quad_sum(row_sum[r]);
+      float const inv = sum > 0.f ? 1.f / sum : 0.f;
+      int const row = m0 + get<0>(cO(r, 0));
+      if (row < params.seqlen_q) {
+        Element* out_row = out + int64_t(row) * params.out_row_stride;
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(O); c += 2) {
+          int const col = get<1>(cO(r, c));  // even: columns c, c + 1 are adjacent
+          cutlass::Array<Element, 2> pair;
+          pair[0] = static_cast<Element>(O(r, c) * inv);
+          pair[1] = static_cast<Element>(O(r, c + 1) * inv);
+          *reinterpret_cast<cutlass::Array<Element, 2>*>(out_row + col) = pair;
+        }
+        if (lse_writer) {
+          lse[row] = sum > 0.f ? (row_max[r] + __log2f(sum)) * kLn2 : -INFINITY;
+        }
+      }
+    }
+  }
+
+  CUTE_DEVICE void operator()(Params const& params, char* smem_buf) {
+    SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_buf);
+    int const warp_idx = cutlass::canonical_warp_idx_sync();
+    int const warp_group_idx = cutlass::canonical_warp_group_idx();
+    // query blocks last to first: under causal masking the longest blocks start first
+    int const m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+    int const bidh = blockIdx.y;
+    int const bidb = blockIdx.z;
+    int const n_end = n_block_end(params, m_block);
+
+    if (warp_idx == 0 && cute::elect_one_sync()) {
+      cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+      ss.barrier_q.init(1);
+    }
+    using Category = typename PipelineKV::ThreadCategory;
+    typename PipelineKV::Params pp;
+    pp.role = warp_group_idx == 0 ? Category::Producer : Category::Consumer;
+    pp.is_leader = threadIdx.x == 0;
+    pp.num_consumers = kNumMmaThreads;
+    pp.transaction_bytes = kTmaBytesKV;
+    PipelineKV pipeline_k(ss.pipeline_k, pp, Shape<_1, _1, _1>{});
+    PipelineKV pipeline_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
+    __syncthreads();  // barrier initialization visible to all
+
+    if (warp_group_idx == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
+      if (warp_idx == 0 && cute::elect_one_sync()) {
+        load(params, ss, pipeline_k, pipeline_v, m_block, bidh, bidb, n_end);
+      }
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
+      mma(params, ss, pipeline_k, pipeline_v, int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup, m_block, bidh,
+          bidb, n_end);
+    }
+  }
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kNumThreads, 1)
+    fwd_main_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(1024) char smem_buf[];
+  Kernel{}(params, smem_buf);
+#endif
+}
+
+}  // namespace kernel
+}  // namespace sm90_sdpa
