@@ -1,4 +1,5 @@
-// Definition of run_fwd_main<DType, D> (declared in fwd_main_launch.h): builds the TMA
+// Definition of run_fwd_main<DType, D> (declared in fwd_main_launch.h) and of its launcher
+// launch_fwd_main<DType, D, kOverlap> (FwdParams::overlap picks): builds the TMA
 // descriptors and launches the SM90 forward kernel, one CTA per (query block, q head, batch).
 // Included by the generated csrc/instantiations/fwd_main_<dtype>_hdim<D>.cu.
 #pragma once
@@ -16,10 +17,10 @@
 
 namespace sm90_sdpa {
 
-template <DType kDType, int kHeadDim>
-void run_fwd_main(const FwdParams& params, cudaStream_t stream) {
+template <DType kDType, int kHeadDim, bool kOverlap>
+void launch_fwd_main(const FwdParams& params, cudaStream_t stream) {
   using Element = typename detail::ElementOf<kDType>::type;
-  using Kernel = kernel::FwdKernel<kernel::DefaultFwdConfig<kHeadDim>, Element>;
+  using Kernel = kernel::FwdKernel<kernel::DefaultFwdConfig<kHeadDim>, Element, kOverlap>;
   FwdParams p = params;
   p.q_batch_stride = detail::tma_stride(p.q_batch_stride, p.batch);
   p.q_head_stride = detail::tma_stride(p.q_head_stride, p.heads_q);
@@ -38,6 +39,15 @@ void run_fwd_main(const FwdParams& params, cudaStream_t stream) {
   dim3 const grid((p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM, p.heads_q, p.batch);
   kernel_fn<<<grid, Kernel::kNumThreads, smem_size, stream>>>(kparams);
   detail::check_cuda(cudaGetLastError(), "forward kernel launch");
+}
+
+template <DType kDType, int kHeadDim>
+void run_fwd_main(const FwdParams& params, cudaStream_t stream) {
+  if (params.overlap) {
+    launch_fwd_main<kDType, kHeadDim, true>(params, stream);
+  } else {
+    launch_fwd_main<kDType, kHeadDim, false>(params, stream);
+  }
 }
 
 }  // namespace sm90_sdpa

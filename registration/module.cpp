@@ -438,7 +438,7 @@ PYBIND11_MODULE(_C, m) {
             }
             p.dtype = static_cast<DType>(code);
           })
-      FWD_FIELD(scale_log2) FWD_FIELD(is_causal)
+      FWD_FIELD(scale_log2) FWD_FIELD(is_causal) FWD_FIELD(overlap)
       FWD_TENSOR_FIELDS(q, const void*) FWD_TENSOR_FIELDS(k, const void*) FWD_TENSOR_FIELDS(v, const void*)
       FWD_TENSOR_FIELDS(out, void*)
       FWD_PTR_FIELD(lse, float*) FWD_FIELD(lse_batch_stride) FWD_FIELD(lse_head_stride);

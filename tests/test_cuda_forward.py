@@ -25,6 +25,13 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 VARIANTS = [pytest.param(d, _DTYPES[dt], id=f"d{d}-{dt}") for d, dt in _built()]
 
 
+@pytest.fixture(params=["0", "1"], ids=["in-turn", "overlap"])
+def kernel_kind(request, monkeypatch):
+    """Both forward kernels: FwdParams::overlap from TORCH_SM90_SDPA_FWD_OVERLAP (read per call)."""
+    monkeypatch.setenv("TORCH_SM90_SDPA_FWD_OVERLAP", request.param)
+    return request.param
+
+
 def _reference(q, k, v, is_causal, scale):
     group = q.size(1) // k.size(1)
     kk, vv = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
@@ -53,7 +60,7 @@ CASES = [  # (batch, Hq, Hkv, Sq, Sk)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-def test_forward_matches_fp64_within_stock_error(head_dim, dtype, is_causal, case, layout):
+def test_forward_matches_fp64_within_stock_error(head_dim, dtype, is_causal, case, layout, kernel_kind):
     b, hq, hkv, sq, sk = case
     torch.manual_seed(sum(case) + head_dim)
     q, k, v = make_qkv(b, hq, hkv, sq, sk, head_dim, dtype=dtype, device="cuda", layout=layout)
@@ -74,7 +81,7 @@ def test_forward_matches_fp64_within_stock_error(head_dim, dtype, is_causal, cas
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
 @pytest.mark.parametrize("head_dim,dtype", VARIANTS)
-def test_forward_is_bitwise_repeatable(head_dim, dtype):
+def test_forward_is_bitwise_repeatable(head_dim, dtype, kernel_kind):
     q, k, v = make_qkv(2, 8, 2, 777, 1500, head_dim, dtype=dtype, device="cuda", layout="bshd")
     first = sdpa_forward(q, k, v, True, None, True)
     for _ in range(3):
@@ -84,7 +91,7 @@ def test_forward_is_bitwise_repeatable(head_dim, dtype):
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
-def test_forward_then_our_backward_matches_stock_gradients():
+def test_forward_then_our_backward_matches_stock_gradients(kernel_kind):
     d, dtype = _built()[0]
     dtype = _DTYPES[dtype]
     q, k, v = (t.requires_grad_() for t in make_qkv(2, 8, 2, 600, 600, d, dtype=dtype, device="cuda",

@@ -21,6 +21,7 @@ Shapes: q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out / grad_out
 """
 from __future__ import annotations
 
+import os
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -298,6 +299,8 @@ def sdpa_forward_cuda(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: f
     p.dtype = _extension.dtype_code(q.dtype)
     p.scale_log2 = float(scale) * _LOG2E
     p.is_causal = bool(is_causal)
+    # (read per call: an A/B switch of the two kernels, FwdParams::overlap)
+    p.overlap = os.environ.get("TORCH_SM90_SDPA_FWD_OVERLAP", "0") == "1"
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         setattr(p, name, t.data_ptr())
         setattr(p, f"{name}_batch_stride", t.stride(0))

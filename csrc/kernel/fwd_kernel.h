@@ -51,9 +51,12 @@ CUTE_DEVICE float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <class Cfg, class Element_>
+// kOverlap: block n's softmax overlaps the previous block's P V inside each warpgroup (see
+// mma()); else each block's S, softmax and P V run in turn.
+template <class Cfg, class Element_, bool kOverlap_ = false>
 struct FwdKernel {
   using Element = Element_;
+  static constexpr bool kOverlap = kOverlap_;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
@@ -242,17 +245,14 @@ struct FwdKernel {
     PipelineState read_k, read_v;
     ss.barrier_q.wait(0);
 
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int n = n_end - 1; n >= 0; --n) {
-      Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      pipeline_k.consumer_wait(read_k);
-      wg_gemm<true, 0>(tiled_mma_s, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-      pipeline_k.consumer_release(read_k);
-      ++read_k;
-
+    // The online softmax of key block n: S (the wgmma accumulator) scaled, masked where the key
+    // tail or the causal cut cross the block, and turned into P = 2^(S - max) in place; the
+    // running max and sum updated, and correction[r] = 2^(old max - new max), by which O's row r
+    // must be scaled before P V is added.
+    float correction[kRows];
+    auto softmax = [&](auto& tSrS, int n) __attribute__((always_inline)) {
       Tensor S = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       int const n0 = n * kBlockN;
-      // the key tail or the causal cut cross this block
       bool const cut = n0 + kBlockN > seqlen_k || (is_causal && n0 + kBlockN - 1 > m0);
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < kRows; ++r) {
@@ -271,7 +271,7 @@ struct FwdKernel {
         float const new_max = fmaxf(row_max[r], quad_max(mx));
         // a row that has seen no visible key yet keeps exp2(-inf - 0) = 0 everywhere
         float const m_use = new_max == -INFINITY ? 0.f : new_max;
-        float const correction = exp2_ftz(row_max[r] - m_use);
+        correction[r] = exp2_ftz(row_max[r] - m_use);
         row_max[r] = new_max;
         float sum = 0.f;
         CUTLASS_PRAGMA_UNROLL
@@ -280,18 +280,74 @@ struct FwdKernel {
           S(r, c) = p;
           sum += p;
         }
-        row_sum[r] = row_sum[r] * correction + sum;
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < size<1>(O); ++c) { O(r, c) *= correction; }
+        row_sum[r] = row_sum[r] * correction[r] + sum;
       }
-
-      Tensor rP = make_tensor_like<Element>(tSrS);
-      convert_fragment(tSrS, rP);
+    };
+    auto rescale_o = [&]() __attribute__((always_inline)) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(O); ++c) { O(r, c) *= correction[r]; }
+      }
+    };
+    auto gemm_s = [&](auto& tSrS, auto wait) __attribute__((always_inline)) {
+      pipeline_k.consumer_wait(read_k);
+      wg_gemm<true, decltype(wait)::value>(tiled_mma_s, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+    };
+    auto release_k = [&]() __attribute__((always_inline)) {
+      pipeline_k.consumer_release(read_k);
+      ++read_k;
+    };
+    auto gemm_pv = [&](auto& rP, auto wait) __attribute__((always_inline)) {
       Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A_operand(rP.layout()));
       pipeline_v.consumer_wait(read_v);
-      wg_gemm<false, 0>(tiled_mma_o, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      wg_gemm<false, decltype(wait)::value>(tiled_mma_o, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+    };
+    auto release_v = [&]() __attribute__((always_inline)) {
       pipeline_v.consumer_release(read_v);
       ++read_v;
+    };
+
+    if constexpr (!kOverlap) {
+      // each block in turn: S, softmax, P V
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int n = n_end - 1; n >= 0; --n) {
+        Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        gemm_s(tSrS, cute::Int<0>{});
+        release_k();
+        softmax(tSrS, n);
+        rescale_o();
+        Tensor rP = make_tensor_like<Element>(tSrS);
+        convert_fragment(tSrS, rP);
+        gemm_pv(rP, cute::Int<0>{});
+        release_v();
+      }
+    } else {
+      // Within the warpgroup, block n's softmax runs while the tensor cores add the previous
+      // block's P V: S_n and P_{n+1} V_{n+1} are issued back to back, the wait for S_n leaves
+      // P V in flight, and O is rescaled only after it completes.
+      Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      gemm_s(tSrS, cute::Int<0>{});
+      release_k();
+      softmax(tSrS, n_end - 1);  // (O is zero: nothing to rescale)
+      Tensor rP = make_tensor_like<Element>(tSrS);
+      convert_fragment(tSrS, rP);
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int n = n_end - 2; n >= 0; --n) {
+        gemm_s(tSrS, cute::Int<-1>{});
+        gemm_pv(rP, cute::Int<-1>{});
+        warpgroup_wait<1>();  // S_n is complete; P V may still run
+        warpgroup_fence_operand(tSrS);
+        release_k();
+        softmax(tSrS, n);
+        warpgroup_wait<0>();  // P V is complete: O and rP are free
+        warpgroup_fence_operand(tOrO);
+        release_v();
+        rescale_o();
+        convert_fragment(tSrS, rP);
+      }
+      gemm_pv(rP, cute::Int<0>{});
+      release_v();
     }
 
     // ---- epilogue: O / rowsum and lse, from registers ----
