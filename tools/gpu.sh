@@ -26,10 +26,12 @@
 #             build/wheel_site; the later steps of the call then run on the installed package
 #             (this copy's torch_sm90_sdpa/ is moved aside until the script exits), e.g.
 #             `wheel,test` with TESTS naming the GPU test files
-#   steps     benchmarks/bench_transformers.py --interface, unpadded and padded: compiled
-#             transformers Llama training steps, stock against enable() and
-#             attn_implementation="sm90_sdpa" (eager and compiled); transformers and its
-#             dependencies come from .whl/transformers/ when missing
+#   steps     benchmarks/bench_transformers.py --interface ${STEPS_ARGS}, unpadded and (unless
+#             STEPS_PADDED=0) padded: compiled transformers Llama training steps, stock against
+#             enable() and attn_implementation="sm90_sdpa" (eager and compiled); transformers
+#             and its dependencies come from .whl/transformers/ when missing
+#   fwd       benchmarks/bench_fwd.py ${FWD_ARGS}: the forward kernels against cuDNN and
+#             FlashAttention-2 (OUTDIR/bench_fwd.json)
 #   all       build, test, sanitize, bench
 #
 # Environment:
@@ -213,9 +215,11 @@ do_steps() {
     "$PY" -m pip install -q --no-index --no-deps --target "$DEPS" "${wheels[@]}" \
       >> "$OUT/pip.log" 2>&1 || { fail "steps: transformers not installable (pip.log)"; return 1; }
   fi
-  local padded rc
-  for padded in "" --padded; do
-    "$PY" benchmarks/bench_transformers.py --interface $padded \
+  local padded rc variants=("")
+  [ "${STEPS_PADDED:-1}" = 0 ] || variants+=(--padded)
+  for padded in "${variants[@]}"; do
+    # shellcheck disable=SC2086
+    "$PY" benchmarks/bench_transformers.py --interface ${STEPS_ARGS:-} $padded \
       --json "$OUT/bench_transformers${padded:+_padded}.json" \
       > "$OUT/bench_transformers${padded:+_padded}.txt" 2>&1
     rc=$?
@@ -223,6 +227,15 @@ do_steps() {
     stamp "steps ${padded:-unpadded}: exit $rc; $(grep -E 'speedup|sm90_sdpa' \
       "$OUT/bench_transformers${padded:+_padded}.txt" | tr '\n' ';')"
   done
+}
+
+do_fwd() {
+  ensure_built || return 1
+  # shellcheck disable=SC2086
+  "$PY" benchmarks/bench_fwd.py ${FWD_ARGS:-} --json "$OUT/bench_fwd.json" > "$OUT/bench_fwd.txt" 2>&1
+  local rc=$?
+  [ "$rc" -eq 0 ] || status=1
+  stamp "fwd: exit $rc; $(grep -E 'geometric mean' "$OUT/bench_fwd.txt" | tr '\n' ';')"
 }
 
 # ---- the steps ----------------------------------------------------------------------------
@@ -314,8 +327,9 @@ for step in "${steps[@]}"; do
     ncu) do_ncu ;;
     wheel) do_wheel ;;
     steps) do_steps ;;
+    fwd) do_fwd ;;
     all) do_build && do_test; do_sanitize; do_bench ;;
-    *) fail "unknown command '$step' (build, test, bench, masks, sanitize, ncu, wheel, steps, all)" ;;
+    *) fail "unknown command '$step' (build, test, bench, masks, sanitize, ncu, wheel, steps, fwd, all)" ;;
   esac
 done
 stamp "result: $([ "$status" -eq 0 ] && echo PASS || echo FAIL), logs in $OUT"
