@@ -34,7 +34,10 @@ LAYOUTS = ("bhsd", "bshd", "last dim stride 2")
 # contract asks for a contiguous last dim, one head dim for query and value (the fused forward
 # needs Dv == D), and enable_gqa=True when the head counts differ (stock raises there too,
 # with its own message).
-OP_REFUSALS = ("expected a contiguous last dimension", "needs Dv == D", "pass enable_gqa=True")
+# On CUDA the ops run the SM90 kernels only: a head dim or dtype without one is refused there
+# ("head dim not compiled"), where the drop-in passes the call to stock.
+OP_REFUSALS = ("expected a contiguous last dimension", "needs Dv == D", "pass enable_gqa=True",
+               "head dim not compiled")
 
 
 @dataclasses.dataclass
@@ -141,7 +144,9 @@ def run_stock(q, k, v, mask, case, grad_out=None):
     """(out, (dq, dk, dv) or None) from F.scaled_dot_product_attention. Key heads 0:
     torch 2.13's answer (zeros; it takes any such call), computed here, as stock before
     2.13 ends the process on it (a division by zero)."""
-    if q.dim() == k.dim() == 4 and k.size(1) == 0:
+    # (batch 0 on CUDA: stock before 2.13 raises "'NoneType' object is not iterable" in its
+    # backward; 2.13's answer, the empty result, is computed here alike)
+    if q.dim() == k.dim() == 4 and (k.size(1) == 0 or (q.is_cuda and q.size(0) == 0)):
         out = q.new_zeros(q.shape[:3] + v.shape[3:])
         if grad_out is None:
             return out, None
@@ -223,6 +228,19 @@ def check_case(case: Case, device, entry_points=None, grad_mode: bool = True) ->
                          generator=torch.Generator().manual_seed(case.seed + 1))
         go = go.to(device=device, dtype=case.dtype)
     stock = outcome(lambda: run_stock(q, k, v, mask, case, go))
+    # A float mask of another dtype than the query's: on CUDA stock refuses it with is_causal
+    # ("should match query's dtype") and otherwise runs its math path, which gives NaN on rows
+    # without a visible key. The ops take such a mask (documented) and give those rows 0, as
+    # stock's fused kernels do: they are compared with stock given the mask in q's dtype. The
+    # drop-in passes the refused calls to stock and must refuse them as stock does.
+    stock_refusal = None
+    if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype and (
+            (stock[0] == "error" and "should match query's dtype" in str(stock[1]))
+            or (stock[0] == "ok" and _has_nan(stock[1]))):
+        fused = outcome(lambda: run_stock(q, k, v, mask.to(q.dtype), case, go))
+        if fused[0] == "ok":
+            stock_refusal = stock if stock[0] == "error" else None
+            stock = fused
     ref = None
     if stock[0] == "error" and case.is_causal and mask is not None and \
             "attn_mask should not be set when is_causal" in str(stock[1]):
@@ -241,13 +259,25 @@ def check_case(case: Case, device, entry_points=None, grad_mode: bool = True) ->
         if case.is_causal and mask is not None:
             ref_case, ref_mask = dataclasses.replace(case, is_causal=False), _with_causal(
                 mask, case, q.dtype)
-        q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
-        if ref_mask is not None and ref_mask.is_floating_point():
-            ref_mask = ref_mask.to(torch.float64)
-        ref = run_stock(q64, k64, v64, ref_mask, ref_case, go.to(torch.float64) if go is not None
-                        else None)
+        # on the CPU: its fused float64 kernel gives rows without a visible key 0 (the CUDA
+        # math path gives them NaN)
+        q64, k64, v64 = (t.to(device="cpu", dtype=torch.float64) for t in (q, k, v))
+        if ref_mask is not None:
+            ref_mask = ref_mask.to(device="cpu", dtype=torch.float64
+                                   if ref_mask.is_floating_point() else ref_mask.dtype)
+        ref = run_stock(q64, k64, v64, ref_mask, ref_case,
+                        go.to(device="cpu", dtype=torch.float64) if go is not None else None)
+        ref = (ref[0].to(q.device), None if ref[1] is None else
+               tuple(g.to(q.device) for g in ref[1]))
     for name, fn in (entry_points or ENTRY_POINTS).items():
         ours = outcome(lambda: fn(q, k, v, mask, case, go))
+        if name == "drop-in" and stock_refusal is not None:
+            if ours[0] == "ok":
+                problems.append(f"{name}: accepted a call stock refuses ({stock_refusal[1]})")
+            elif str(ours[1]) != str(stock_refusal[1]):
+                problems.append(f"{name}: refused with {ours[1]!r}, stock with "
+                                f"{stock_refusal[1]!r}")
+            continue
         if stock[0] == "error":
             if ours[0] == "ok":
                 problems.append(f"{name}: accepted a call stock refuses ({stock[1]})")
@@ -276,6 +306,11 @@ def check_case(case: Case, device, entry_points=None, grad_mode: bool = True) ->
                 problems.append(f"{name} {what}: error {_err(x, r):.3g} > {bound:.3g} "
                                 f"(stock {_err(s, r):.3g})")
     return problems
+
+
+def _has_nan(result) -> bool:
+    out, grads = result
+    return bool(out.isnan().any()) or any(bool(g.isnan().any()) for g in grads or ())
 
 
 def _with_causal(mask, case, dtype):

@@ -258,10 +258,7 @@ def test_backward_empty_inputs_launch_nothing(shape, path):
     out = torch.randn_like(q)
     lse = torch.randn(B, Hq, Sq, device=DEV)
     fn = BACKWARD if path == "op" else cb.sdpa_backward_python
-    if Hkv == 0 and path == "op":  # the op's argument check: Hq must be a multiple of Hkv
-        with pytest.raises(RuntimeError, match="divides query's 0 heads"):
-            fn(out, q, k, v, out, lse, False, 0.125, False)
-        return
+    # (Hq = Hkv = 0: no head, zero-size gradients, as stock gives them)
     dq, dk, dv = fn(out, q, k, v, out, lse, False, 0.125, False)
     for g, t in ((dq, q), (dk, k), (dv, v)):
         assert g.shape == t.shape and g.stride() == t.stride() and g.dtype == t.dtype
