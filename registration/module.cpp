@@ -108,6 +108,9 @@ py::dict build_info() {
   py::dict d;
   d["main_kernel_compiled"] = dev::main_kernel_compiled();
   d["variants"] = variants_list();
+  py::list fwd;  // the forward kernels (sdpa_forward), [(dtype name, head dim)]
+  for (const auto& v : dev::compiled_fwd_variants()) { fwd.append(py::make_tuple(v.first, v.second)); }
+  d["fwd_variants"] = fwd;
   d["arch"] = TORCH_SM90_SDPA_ARCH;
   d["source_hash"] = TORCH_SM90_SDPA_SOURCE_HASH;  // the C++ / CUDA sources built
   d["nvcc_version"] = TORCH_SM90_SDPA_NVCC_VERSION;

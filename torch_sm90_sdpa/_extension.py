@@ -45,6 +45,7 @@ _TORCH_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _DEFAULT_INFO = {
     "main_kernel_compiled": False,
     "variants": [],  # [(dtype name "fp16"/"bf16", head dim), ...]
+    "fwd_variants": [],  # the same for the forward kernel (sdpa_forward)
     "arch": None,
     "nvcc_version": None,
     "cutlass_version": None,
@@ -226,6 +227,7 @@ def build_info() -> dict:
     info = {"cuda_extension": mod is not None, "reason": _reason}
     info.update(_DEFAULT_INFO)
     info["variants"] = []
+    info["fwd_variants"] = []
     if mod is not None:
         try:
             c_info = dict(mod.build_info())
@@ -233,6 +235,7 @@ def build_info() -> dict:
             info["reason"] = f"torch_sm90_sdpa._C.build_info() failed: {exc}"
         else:
             c_info["variants"] = [tuple(v) for v in c_info.get("variants", [])]
+            c_info["fwd_variants"] = [tuple(v) for v in c_info.get("fwd_variants", [])]
             info.update(c_info)
         info["cuda_op"] = _cuda_op
     return info
