@@ -368,17 +368,21 @@ class BuildExt(build_ext):
         tasks.sort(key=lambda t: (order.get(os.path.basename(os.path.dirname(t[0])), 1),
                                   not t[0].endswith(".cu"), t[0]))
 
-        # A main-kernel file takes about 45 s of one core (nvcc 13.0, sm_90a), the others a
-        # few seconds: the estimate printed before the first file and after each one.
+        # A kernel file takes about 45 s with 2 parallel jobs and 85-115 s with 16 (nvcc 13.0,
+        # sm_90a; the parallel compiles slow each other), the others a few seconds: the
+        # estimate printed before the first file; after each one, what is left at the mean
+        # time per file so far, shared by the jobs.
         n_main = sum(order.get(os.path.basename(os.path.dirname(t[0])), 1) == 0 for t in tasks)
+        per_file_s = 45 if jobs <= 4 else 100
         log(f"compiling {len(tasks)} files ({n_main} kernel variants) with up to {jobs} "
             f"parallel jobs (nvcc {nvcc_version(nvcc)}, {cxx}); expect about "
-            f"{max(1, round((n_main * 45 + 60) / jobs / 60))} min on {jobs} cores")
+            f"{max(1, round(-(-n_main // jobs) * per_file_s / 60))} min on {jobs} cores")
         print_lock = threading.Lock()
         failed = []
         times = {}
         compiled = 0
         done = [0]
+        durations = []
         t_first = time.time()
 
         def run(task):
@@ -402,8 +406,9 @@ class BuildExt(build_ext):
                     log(f"FAILED: {src} after {dt:.1f} s (exit {r.returncode})")
                     log("command: " + shlex.join(cmd))
                 else:
+                    durations.append(dt)
                     elapsed = time.time() - t_first
-                    left = elapsed / done[0] * (len(tasks) - done[0])
+                    left = sum(durations) / len(durations) * (len(tasks) - done[0]) / jobs
                     log(f"[{done[0]}/{len(tasks)}] compiled {src} in {dt:.1f} s "
                         f"({elapsed / 60:.1f} min so far, about {left / 60:.0f} min left)")
                 if out:
