@@ -27,7 +27,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _extension
+from . import _extension, eligibility
 from ._problem import bwd_problem, dense_layout
 from .reference import expand_mask
 
@@ -268,7 +268,7 @@ def forward_unserved(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
         return "an empty size"
     if q.size(1) % k.size(1) != 0:
         return "Hq not a multiple of Hkv"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if eligibility.device_capability(q.device) != (9, 0):  # (cached per device)
         return "not an SM90 GPU"
     C = _extension.load()
     has = getattr(C, "has_fwd_variant", None)  # (None: no _C, or one built before the forward)
