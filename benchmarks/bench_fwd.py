@@ -9,6 +9,11 @@ Columns per row (bf16, BSHD memory viewed as BHSD, 16k tokens per batch: b = 163
   flash         the same under FLASH_ATTENTION (FlashAttention-2)
   cudnn_mask    causal rows only: cuDNN given the causal mask as a bool [B, 1, S, S] tensor
                 (what compiled transformers models hand SDPA)
+  ours_mask, ours_mask_overlap   causal rows only: sdpa_forward given that bool mask, both
+                kernels (the classification skips the hidden tiles)
+  ours_bias     causal rows only: sdpa_forward given the mask as a bf16 / fp16 bias of 0 and the
+                dtype's minimum (transformers' additive form): the classification proves no
+                finite tile hidden, so every tile above the diagonal is computed
 TFLOP/s count the visible half under causal masking: 4 * b * hq * s^2 * d (/ 2).
 
     python benchmarks/bench_fwd.py [--dims 64,128] [--seqs 512,2048,8192,16384] [--reps 20]
@@ -44,10 +49,11 @@ def make(b, hq, hkv, s, d, dtype):
 def columns(q, k, v, causal):
     gqa = q.size(1) != k.size(1)
 
-    def ours_kernel(overlap):
+    def ours_kernel(overlap, mask=None):
         def run():
             os.environ["TORCH_SM90_SDPA_FWD_OVERLAP"] = overlap
-            return torch.ops.torch_sm90_sdpa.sdpa_forward(q, k, v, causal, None, gqa)
+            return torch.ops.torch_sm90_sdpa.sdpa_forward(q, k, v, causal and mask is None, None,
+                                                          gqa, mask)
         return run
 
     def stock(backend, mask=None):
@@ -64,7 +70,13 @@ def columns(q, k, v, causal):
     if causal:
         s = q.size(2)
         keep = torch.ones(s, s, dtype=torch.bool, device="cuda").tril()[None, None]
-        cols["cudnn_mask"] = stock(SDPBackend.CUDNN_ATTENTION, keep.expand(q.size(0), 1, s, s))
+        keep = keep.expand(q.size(0), 1, s, s)
+        cols["cudnn_mask"] = stock(SDPBackend.CUDNN_ATTENTION, keep)
+        cols["ours_mask"] = ours_kernel("0", keep)
+        cols["ours_mask_overlap"] = ours_kernel("1", keep)
+        bias = torch.zeros(keep.shape, dtype=q.dtype, device="cuda").masked_fill(
+            ~keep, torch.finfo(q.dtype).min)
+        cols["ours_bias"] = ours_kernel("0", bias)
     usable = {}
     for name, fn in cols.items():  # a backend that refuses the row is left out
         try:
@@ -106,10 +118,17 @@ def main():
                 best = max(peers.values()) if peers else float("nan")
                 row = dict(d=d, hq=hq, hkv=hkv, b=b, s=s, causal=causal, ms=ms, tflops=tflops,
                            ours_over_best=max(tflops["ours"], tflops["ours_overlap"]) / best)
+                if "ours_mask" in tflops and "cudnn_mask" in tflops:
+                    mask_best = max(tflops["ours_mask"], tflops.get("ours_mask_overlap", 0.0))
+                    row["mask_over_causal"] = mask_best / max(tflops["ours"], tflops["ours_overlap"])
+                    row["mask_over_cudnn_mask"] = mask_best / tflops["cudnn_mask"]
                 rows.append(row)
                 print(f"d{d} {hq}/{hkv} b{b} s{s} {'causal' if causal else 'full  '}: "
                       + "  ".join(f"{n} {t:6.1f}" for n, t in tflops.items())
-                      + f"  ours/best {row['ours_over_best']:.3f}", flush=True)
+                      + f"  ours/best {row['ours_over_best']:.3f}"
+                      + (f"  mask/causal {row['mask_over_causal']:.3f} mask/cudnn_mask "
+                         f"{row['mask_over_cudnn_mask']:.2f}" if "mask_over_causal" in row else ""),
+                      flush=True)
     if rows:
         geo = statistics.geometric_mean(r["ours_over_best"] for r in rows)
         print(f"ours (the faster kernel) / best stock (cuDNN, flash), geometric mean over "

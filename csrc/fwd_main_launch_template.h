@@ -1,5 +1,6 @@
 // Definition of run_fwd_main<DType, D> (declared in fwd_main_launch.h) and of its launcher
-// launch_fwd_main<DType, D, kOverlap> (FwdParams::overlap picks): builds the TMA
+// launch_fwd_main<DType, D, kOverlap, kMasked> (FwdParams::overlap and mask_kind pick): with a
+// mask, runs the mask classification on the forward's tiles first; then builds the TMA
 // descriptors and launches the SM90 forward kernel, one CTA per (query block, q head, batch).
 // Included by the generated csrc/instantiations/fwd_main_<dtype>_hdim<D>.cu.
 #pragma once
@@ -14,13 +15,57 @@
 #include "fwd_params.h"
 #include "kernel/fwd_kernel.h"
 #include "launch_utils.h"
+#include "mask_classify.h"
 
 namespace sm90_sdpa {
 
-template <DType kDType, int kHeadDim, bool kOverlap>
+// The classification of p's mask on the forward's kFwdTile x kFwdTile tiles, into
+// p.mask_workspace (laid out as fwd_mask_workspace_bytes counts it): the tile classes and the
+// bits of the kTilePartialBits tiles. No score bounds: only -inf (false) hides an entry.
+inline void classify_fwd_mask(const FwdParams& p, unsigned char*& tile_class, uint32_t*& tile_bits,
+                              cudaStream_t stream) {
+  BwdParams c;
+  c.batch = p.batch;
+  c.heads_q = p.heads_q;
+  c.heads_kv = p.heads_kv;
+  c.seqlen_q = p.seqlen_q;
+  c.seqlen_k = p.seqlen_k;
+  c.head_dim = p.head_dim;
+  c.head_dim_v = p.head_dim;
+  c.dtype = p.dtype;
+  c.scale_log2 = p.scale_log2;
+  c.is_causal = p.is_causal;
+  c.mask_kind = p.mask_kind;
+  c.mask = p.mask;
+  c.mask_batch_stride = p.mask_batch_stride;
+  c.mask_head_stride = p.mask_head_stride;
+  c.mask_row_stride = p.mask_row_stride;
+  c.mask_col_stride = p.mask_col_stride;
+  c.mask_batch = p.mask_batch;
+  c.mask_heads = p.mask_heads;
+  c.tile_m = kFwdTile;
+  c.tile_n = kFwdTile;
+  c.num_m_blocks = (p.seqlen_q + kFwdTile - 1) / kFwdTile;
+  c.num_n_blocks = (p.seqlen_k + kFwdTile - 1) / kFwdTile;
+  c.num_sms = p.num_sms;
+  const int64_t inst = int64_t(p.mask_batch) * p.mask_heads;
+  const int64_t tiles = inst * c.num_m_blocks * c.num_n_blocks;
+  char* base = static_cast<char*>(p.mask_workspace);
+  c.tile_class = reinterpret_cast<unsigned char*>(base);
+  c.tile_m_range = reinterpret_cast<int*>(base + (tiles + 15) / 16 * 16);
+  c.tile_bits = reinterpret_cast<uint32_t*>(base + (tiles + 15) / 16 * 16 + (8 * inst * c.num_n_blocks + 15) / 16 * 16);
+  run_mask_classify(c, stream);
+  tile_class = c.tile_class;
+  tile_bits = c.tile_bits;
+}
+
+template <DType kDType, int kHeadDim, bool kOverlap, bool kMasked>
 void launch_fwd_main(const FwdParams& params, cudaStream_t stream) {
   using Element = typename detail::ElementOf<kDType>::type;
-  using Kernel = kernel::FwdKernel<kernel::DefaultFwdConfig<kHeadDim>, Element, kOverlap>;
+  using Kernel = kernel::FwdKernel<kernel::DefaultFwdConfig<kHeadDim>, Element, kOverlap, kMasked>;
+  unsigned char* tile_class = nullptr;
+  uint32_t* tile_bits = nullptr;
+  if constexpr (kMasked) { classify_fwd_mask(params, tile_class, tile_bits, stream); }
   FwdParams p = params;
   p.q_batch_stride = detail::tma_stride(p.q_batch_stride, p.batch);
   p.q_head_stride = detail::tma_stride(p.q_head_stride, p.heads_q);
@@ -31,7 +76,7 @@ void launch_fwd_main(const FwdParams& params, cudaStream_t stream) {
   p.v_batch_stride = detail::tma_stride(p.v_batch_stride, p.batch);
   p.v_head_stride = detail::tma_stride(p.v_head_stride, p.heads_kv);
   p.v_row_stride = detail::tma_stride(p.v_row_stride, p.seqlen_k);
-  typename Kernel::Params kparams = Kernel::to_params(p);
+  typename Kernel::Params kparams = Kernel::to_params(p, tile_class, tile_bits);
 
   auto kernel_fn = kernel::fwd_main_kernel<Kernel>;
   int const smem_size = Kernel::kSharedStorageSize;
@@ -43,10 +88,17 @@ void launch_fwd_main(const FwdParams& params, cudaStream_t stream) {
 
 template <DType kDType, int kHeadDim>
 void run_fwd_main(const FwdParams& params, cudaStream_t stream) {
+  const bool masked = params.mask_kind != MaskKind::kNone;
   if (params.overlap) {
-    launch_fwd_main<kDType, kHeadDim, true>(params, stream);
+    if (masked) {
+      launch_fwd_main<kDType, kHeadDim, true, true>(params, stream);
+    } else {
+      launch_fwd_main<kDType, kHeadDim, true, false>(params, stream);
+    }
+  } else if (masked) {
+    launch_fwd_main<kDType, kHeadDim, false, true>(params, stream);
   } else {
-    launch_fwd_main<kDType, kHeadDim, false>(params, stream);
+    launch_fwd_main<kDType, kHeadDim, false, false>(params, stream);
   }
 }
 

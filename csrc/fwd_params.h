@@ -41,6 +41,34 @@ struct FwdParams {
   // the layout the backward reads; -inf (and out 0) for a row that sees no key
   float* lse = nullptr;
   int64_t lse_batch_stride = 0, lse_head_stride = 0;
+
+  // ---- optional mask, as a [B, Hq, Sq, Sk] view (stride 0 on broadcast dims); combined with
+  //      is_causal. The mask classification (mask_classify.h) runs first on the forward's
+  //      kFwdTile x kFwdTile tiles: the kernel skips empty tiles, runs full ones unmasked and
+  //      applies the mask on the partial ones only. Only -inf biases (and false) count as
+  //      hidden: the score bounds that let the backward skip finite fills need the lse. ----
+  MaskKind mask_kind = MaskKind::kNone;
+  const void* mask = nullptr;
+  int64_t mask_batch_stride = 0, mask_head_stride = 0, mask_row_stride = 0, mask_col_stride = 0;
+  int mask_batch = 1;  // distinct mask instances along B: 1 (broadcast) or B
+  int mask_heads = 1;  // distinct mask instances along Hq: 1 (broadcast) or Hq
+  // the classification's output, fwd_mask_workspace_bytes() bytes of device memory (no need to
+  // zero it): tile classes, m-block ranges (unused by the forward) and visibility bits
+  void* mask_workspace = nullptr;
+  int num_sms = 0;  // multiprocessors of the device (the classification's grid)
 };
+
+// Query rows and keys of a forward tile (every forward configuration's kBlockM and kBlockN):
+// the mask classification's grid.
+constexpr int kFwdTile = 128;
+
+// Bytes of FwdParams::mask_workspace for a mask of mask_batch x mask_heads instances.
+inline int64_t fwd_mask_workspace_bytes(int mask_batch, int mask_heads, int seqlen_q, int seqlen_k) {
+  auto round16 = [](int64_t x) { return (x + 15) / 16 * 16; };
+  const int64_t inst = int64_t(mask_batch) * mask_heads;
+  const int64_t m_blocks = (seqlen_q + kFwdTile - 1) / kFwdTile, n_blocks = (seqlen_k + kFwdTile - 1) / kFwdTile;
+  const int64_t tiles = inst * m_blocks * n_blocks;
+  return round16(tiles) + round16(8 * inst * n_blocks) + tiles * (kFwdTile * kFwdTile / 8);
+}
 
 }  // namespace sm90_sdpa

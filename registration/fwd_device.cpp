@@ -33,6 +33,21 @@ void run_fwd(const FwdParams& p, cudaStream_t stream) {
       p.heads_q % p.heads_kv != 0) {
     throw std::invalid_argument("sm90_sdpa::run_fwd: sizes must be positive and Hq a multiple of Hkv");
   }
+  if (p.mask_kind != MaskKind::kNone) {
+    const int kind = static_cast<int>(p.mask_kind);
+    if (kind < static_cast<int>(MaskKind::kBool) || kind > static_cast<int>(MaskKind::kFloat32)) {
+      throw std::invalid_argument("sm90_sdpa::run_fwd: mask kind code " + std::to_string(kind) +
+                                  " (expected 1 bool, 2 fp16, 3 bf16 or 4 fp32)");
+    }
+    if (p.mask == nullptr || p.mask_workspace == nullptr) {
+      throw std::invalid_argument("sm90_sdpa::run_fwd: a mask needs its pointer and mask_workspace "
+                                  "(fwd_mask_workspace_bytes bytes)");
+    }
+    if ((p.mask_batch != 1 && p.mask_batch != p.batch) || (p.mask_heads != 1 && p.mask_heads != p.heads_q) ||
+        p.mask_batch > 65535 || p.mask_heads > 65535) {
+      throw std::invalid_argument("sm90_sdpa::run_fwd: mask_batch / mask_heads must be 1 or B / Hq (at most 65535)");
+    }
+  }
   const int dtype = static_cast<int>(p.dtype);
 #define TORCH_SM90_SDPA_RUN(ENUM, NAME, CODE, HDIM)  \
   if (dtype == CODE && p.head_dim == HDIM) {         \

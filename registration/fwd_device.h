@@ -1,8 +1,9 @@
 // The device layer of the attention forward: which forward kernels were compiled, and running
 // one. Free of torch and pybind11. The caller (torch_sm90_sdpa/_cuda_backend.py,
-// forward_served) has checked the call: an SM90 device, no mask, fp16 / bf16, a compiled head
-// dim with Dv == D, positive sizes, TMA-addressable q / k / v, out [B, Hq, Sq, D] with even
-// strides and lse [B, Hq, Sq] fp32 with row stride 1.
+// forward_unserved) has checked the call: an SM90 device, fp16 / bf16, a compiled head dim with
+// Dv == D, positive sizes, TMA-addressable q / k / v, out [B, Hq, Sq, D] with even strides and
+// lse [B, Hq, Sq] fp32 with row stride 1; a mask as a [B, Hq, Sq, Sk] view with
+// mask_workspace of fwd_mask_workspace_bytes (fwd_params.h).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -20,7 +20,8 @@
 //   _C.has_variant(head_dim, dtype_code), _C.compiled_variants(), _C.build_info()
 //   _C.switches() -> dict, _C.reload_switches()      the experiment switches (device::Switches)
 //   _C.FwdParams() (the forward's fields, fwd_params.h), _C.run_fwd(params, stream),
-//   _C.has_fwd_variant(head_dim, dtype_code), _C.compiled_fwd_variants()
+//   _C.has_fwd_variant(head_dim, dtype_code), _C.compiled_fwd_variants(),
+//   _C.fwd_mask_workspace_bytes(mask_batch, mask_heads, seqlen_q, seqlen_k)
 //   _C.SEQ_ROUND, _C.DTYPE_CODES ({"fp16": 0, "bf16": 1})
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -444,7 +445,22 @@ PYBIND11_MODULE(_C, m) {
       FWD_FIELD(scale_log2) FWD_FIELD(is_causal) FWD_FIELD(overlap)
       FWD_TENSOR_FIELDS(q, const void*) FWD_TENSOR_FIELDS(k, const void*) FWD_TENSOR_FIELDS(v, const void*)
       FWD_TENSOR_FIELDS(out, void*)
-      FWD_PTR_FIELD(lse, float*) FWD_FIELD(lse_batch_stride) FWD_FIELD(lse_head_stride);
+      FWD_PTR_FIELD(lse, float*) FWD_FIELD(lse_batch_stride) FWD_FIELD(lse_head_stride)
+      .def_property(
+          "mask_kind", [](const FwdParams& p) { return static_cast<int>(p.mask_kind); },
+          [](FwdParams& p, int code) {
+            if (code < 0 || code > static_cast<int>(sm90_sdpa::MaskKind::kFloat32)) {
+              throw py::value_error("torch_sm90_sdpa: FwdParams.mask_kind must be 0 (none) .. 4 (fp32), got " +
+                                    std::to_string(code));
+            }
+            p.mask_kind = static_cast<sm90_sdpa::MaskKind>(code);
+          })
+      FWD_PTR_FIELD(mask, const void*) FWD_FIELD(mask_batch_stride) FWD_FIELD(mask_head_stride)
+      FWD_FIELD(mask_row_stride) FWD_FIELD(mask_col_stride) FWD_FIELD(mask_batch) FWD_FIELD(mask_heads)
+      FWD_PTR_FIELD(mask_workspace, void*) FWD_FIELD(num_sms);
+  m.def("fwd_mask_workspace_bytes", &sm90_sdpa::fwd_mask_workspace_bytes, py::arg("mask_batch"),
+        py::arg("mask_heads"), py::arg("seqlen_q"), py::arg("seqlen_k"),
+        "Bytes of FwdParams.mask_workspace for a mask of mask_batch x mask_heads instances.");
   m.def(
       "run_fwd",
       [](const FwdParams& p, std::uintptr_t stream) {

@@ -1,14 +1,18 @@
 """The SM90 forward kernel (torch_sm90_sdpa::sdpa_forward on CUDA): out and lse against float64
 within twice the error of stock SDPA's fused forward on the same inputs, every compiled head dim
 and dtype, causal (top-left, also Sq != Sk) and full, GQA / MQA, odd lengths, strided views;
-bitwise repeatable; and the calls it does not serve go to the stock forward."""
+every mask kind of the backward's tests (bool and additive, broadcast, per head, rows without
+keys, combined with is_causal); bitwise repeatable; and the calls it does not serve go to the
+stock forward."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torch_sm90_sdpa  # noqa: F401
 from torch_sm90_sdpa import _cuda_backend, _extension
-from conftest import make_qkv, requires_sm90
+from conftest import causal_bool, make_qkv, requires_sm90
+from test_cuda_backward import poison_allocator
+from test_cuda_masks import KINDS as MASK_KINDS, make_mask, reference_out_lse
 
 pytestmark = [requires_sm90, pytest.mark.gpu]
 
@@ -110,10 +114,111 @@ def test_forward_then_our_backward_matches_stock_gradients(kernel_kind):
 
 def test_unserved_calls_take_the_stock_forward():
     q, k, v = make_qkv(1, 2, 2, 64, 64, 64, dtype=torch.bfloat16, device="cuda")
-    keep = torch.ones(64, 64, dtype=torch.bool, device="cuda").tril()
-    assert "attn_mask" in _cuda_backend.forward_unserved(q, k, v, False, keep)
-    out, lse = sdpa_forward(q, k, v, False, None, False, keep)
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
-    torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
+    keep = torch.ones(64, 64, dtype=torch.int32, device="cuda").tril()
+    assert "attn_mask dtype" in _cuda_backend.forward_unserved(q, k, v, False, keep)
     q32, k32, v32 = (t.float() for t in (q, k, v))
     assert _cuda_backend.forward_unserved(q32, k32, v32) == "dtype"
+    mask = keep.bool()
+    assert _cuda_backend.forward_unserved(q32, k32, v32, False, mask) == "dtype"
+    out, lse = sdpa_forward(q32, k32, v32, False, None, False, mask)
+    want = F.scaled_dot_product_attention(q32, k32, v32, attn_mask=mask)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+# ---- masks -----------------------------------------------------------------------------------
+
+def _stock_masked_err(q, k, v, mask, is_causal, scale, want_out):
+    """The error of stock SDPA's fused forward with this mask (kv heads expanded)."""
+    g = q.size(1) // k.size(1)
+    m = mask
+    if is_causal:
+        tril = causal_bool(q.size(2), k.size(2), "cuda")
+        m = (m & tril) if m.dtype == torch.bool else m.masked_fill(~tril, float("-inf"))
+    if m.dtype != torch.bool:
+        m = m.to(q.dtype)
+    stock = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
+                                           attn_mask=m, scale=scale)
+    return _err(torch.nan_to_num(stock.double(), nan=0.0), want_out)
+
+
+def _check_masked(kind, b, hq, hkv, sq, sk, d, dtype, is_causal=False, mask_dtype=None, seed=0):
+    if (d, dtype) not in [(dd, _DTYPES[dt]) for dd, dt in _built()]:
+        pytest.skip(f"no forward kernel for d{d} {dtype}")
+    torch.manual_seed(seed)
+    q = torch.randn(b, sq, hq, d, device="cuda").to(dtype).transpose(1, 2)
+    k = torch.randn(b, sk, hkv, d, device="cuda").to(dtype).transpose(1, 2)
+    v = torch.randn(b, sk, hkv, d, device="cuda").to(dtype).transpose(1, 2)
+    mask = make_mask(kind, b, hq, sq, sk, mask_dtype or dtype)
+    scale = d ** -0.5
+    assert _cuda_backend.forward_unserved(q, k, v, is_causal, mask) is None
+    want_out, want_lse = reference_out_lse(q, k, v, mask, is_causal, scale)
+    poison_allocator(q, k, v)
+    out, lse = sdpa_forward(q, k, v, is_causal, scale, hq != hkv, mask)
+    assert out.stride() == torch.empty_like(q).stride()
+    assert torch.isfinite(out).all() and not lse.isnan().any()
+    dead = want_lse == float("-inf")  # rows that see no key: out 0, lse -inf
+    assert (out[dead] == 0).all() and (lse[dead] == float("-inf")).all()
+    err, stock_err = _err(out, want_out), _stock_masked_err(q, k, v, mask, is_causal, scale, want_out)
+    assert err <= 2 * stock_err + 1e-3, (kind, err, stock_err)
+    torch.testing.assert_close(lse.double()[~dead], want_lse[~dead], atol=2e-3, rtol=1e-4)
+    return q, k, v, mask, out, lse
+
+
+def _masked_variants():
+    built = [(d, _DTYPES[dt]) for d, dt in _built()]
+    return [pytest.param(d, dt, id=f"d{d}-{str(dt)[6:]}") for d, dt in built if d in (64, 128)] or \
+        [pytest.param(d, dt, id=f"d{d}-{str(dt)[6:]}") for d, dt in built[:1]]
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+@pytest.mark.parametrize("head_dim,dtype", _masked_variants())
+@pytest.mark.parametrize("kind", MASK_KINDS + ["cuDNN fill causal", "cuDNN fill padding left"])
+def test_masked_forward_matches_fp64_within_stock_error(kind, head_dim, dtype, kernel_kind):
+    _check_masked(kind, 2, 4, 2, 333, 333, head_dim, dtype)
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+@pytest.mark.parametrize("kind", ["causal", "padding left", "key padding [B,1,1,Sk]",
+                                  "random per head", "additive bias"])
+@pytest.mark.parametrize("sq,sk", [(300, 700), (700, 300), (1, 129), (1030, 1030)])
+def test_masked_forward_with_is_causal_and_sq_not_sk(kind, sq, sk, kernel_kind):
+    d, dt = _built()[0]
+    _check_masked(kind, 2, 8, 2, sq, sk, d, _DTYPES[dt], is_causal=True, seed=sq + sk)
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_masked_forward_with_every_bias_dtype(mask_dtype):
+    d, dt = _built()[0]
+    _check_masked("additive bias", 1, 4, 4, 260, 520, d, _DTYPES[dt], mask_dtype=mask_dtype)
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+def test_finite_fill_rows_get_uniform_weights():
+    """A row whose every key carries fp32's finite minimum: the scores vanish next to it, so
+    SDPA (and the float64 reference) average V there; so does the kernel (the bias stays
+    finite in the log2 domain, where its product with log2(e) would overflow)."""
+    d, dt = _built()[0]
+    dtype = _DTYPES[dt]
+    q, k, v = make_qkv(1, 2, 2, 200, 300, d, dtype=dtype, device="cuda")
+    mask = torch.zeros(200, 300, device="cuda")
+    mask[:, 150:] = torch.finfo(torch.float32).min
+    mask[7] = torch.finfo(torch.float32).min
+    out, lse = sdpa_forward(q, k, v, False, None, False, mask)
+    want_out, _ = reference_out_lse(q, k, v, mask, False, d ** -0.5)
+    torch.testing.assert_close(out[:, :, 7].float(), v.float().mean(2), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.double(), want_out, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+def test_masked_forward_is_bitwise_repeatable_and_sdpa_takes_it(kernel_kind):
+    d, dt = _built()[0]
+    q, k, v, mask, out, lse = _check_masked("padding left", 2, 8, 2, 777, 1500, d, _DTYPES[dt])
+    for _ in range(3):
+        again = sdpa_forward(q, k, v, False, None, True, mask)
+        assert torch.equal(again[0], out) and torch.equal(again[1], lse)
+    # the differentiable op and the drop-in run the same forward on a masked call
+    via_sdpa = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, False, None, True, mask)
+    assert torch.equal(via_sdpa[0], out) and torch.equal(via_sdpa[1], lse)
+    dropin = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert torch.equal(dropin, out)

@@ -320,9 +320,10 @@ def test_drop_in_with_a_padding_mask_matches_stock():
     ("additive bias", 4, 2, torch.float16, True),
     ("key padding [B,1,1,Sk]", 4, 1, torch.bfloat16, False)])  # (either forward)
 def test_masked_forward_matches_fp64(kind, heads, kv_heads, dtype, expect_cudnn):
-    """The op's masked forward (cuDNN's where torch allows it: GQA, bool and additive masks)
-    against float64: out and lse within the bf16 / fp16 rounding, out = 0 and no NaN on rows
-    without a visible key; then the drop-in's gradients within 2x the stock error."""
+    """The op's masked forward (the SM90 forward kernel; cuDNN's, which these calls would
+    otherwise take, where torch allows it: GQA, bool and additive masks) against float64: out
+    and lse within the bf16 / fp16 rounding, out = 0 and no NaN on rows without a visible key;
+    then the drop-in's gradients within 2x the stock error."""
     from torch_sm90_sdpa import ops
 
     need_variant(128, dtype)

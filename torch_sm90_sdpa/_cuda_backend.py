@@ -14,7 +14,8 @@ pre/post kernels.
     run_preprocess(params) / run_postprocess(params) / run_backward(params)   current stream
     forward_unserved(q, k, v, is_causal, attn_mask) -> None, or why the SM90 forward kernel
         does not serve the call
-    sdpa_forward_cuda(q, k, v, is_causal, scale) -> (out, lse)   the SM90 forward kernel
+    sdpa_forward_cuda(q, k, v, is_causal, scale, attn_mask) -> (out, lse)   the SM90 forward
+        kernel
 
 Shapes: q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out / grad_out
 [B, Hq, Sq, Dv], lse fp32 [B, Hq, Sq]; any strides with a contiguous last dim.
@@ -255,9 +256,12 @@ _INT32_MAX = 2**31 - 1
 def forward_unserved(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                      attn_mask: Optional[Tensor] = None) -> Optional[str]:
     """None when the SM90 forward kernel serves this call (q [B, Hq, Sq, D], k / v
-    [B, Hkv, Sk, D]), else a short reason."""
+    [B, Hkv, Sk, D], attn_mask broadcastable to [B, Hq, Sq, Sk]), else a short reason."""
     if attn_mask is not None:
-        return "attn_mask (the forward kernel takes none)"
+        if attn_mask.dtype not in _extension.MASK_KIND_CODES:
+            return f"attn_mask dtype {attn_mask.dtype}"
+        if not attn_mask.is_cuda or attn_mask.device != q.device:
+            return "attn_mask not on q's device"
     if not (q.is_cuda and k.is_cuda and v.is_cuda):
         return "not CUDA tensors"
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -287,9 +291,15 @@ def forward_unserved(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
     return None
 
 
-def sdpa_forward_cuda(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float):
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def sdpa_forward_cuda(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float,
+                      attn_mask: Optional[Tensor] = None):
     """(out, lse) of a call forward_unserved() accepts, from the SM90 forward kernel: out like
-    torch.empty_like(q), lse [B, Hq, Sq] fp32 (natural log; -inf for a row without a key)."""
+    torch.empty_like(q), lse [B, Hq, Sq] fp32 (natural log; -inf and out 0 for a row that sees
+    no key). With a mask, the mask classification runs first (FwdParams' mask fields)."""
     C = _module()
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
@@ -308,6 +318,20 @@ def sdpa_forward_cuda(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: f
         setattr(p, f"{name}_row_stride", t.stride(2))
     p.lse = lse.data_ptr()
     p.lse_batch_stride, p.lse_head_stride = lse.stride(0), lse.stride(1)
+    workspace = None
+    if attn_mask is not None:
+        view = mask_view(attn_mask, q, k)  # [B, Hq, Sq, Sk], stride 0 on broadcast dims
+        p.mask_kind = _extension.MASK_KIND_CODES[attn_mask.dtype]
+        p.mask = view.data_ptr()
+        (p.mask_batch_stride, p.mask_head_stride, p.mask_row_stride,
+         p.mask_col_stride) = view.stride()
+        p.mask_batch = q.size(0) if view.stride(0) != 0 else 1
+        p.mask_heads = q.size(1) if view.stride(1) != 0 else 1
+        p.num_sms = _num_sms(q.device)
+        nbytes = C.fwd_mask_workspace_bytes(p.mask_batch, p.mask_heads, q.size(2), k.size(2))
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+        p.mask_workspace = workspace.data_ptr()
     with torch.cuda.device(q.device):
         C.run_fwd(p, _stream(q.device))
+    # (`workspace` is freed here: the caching allocator reuses it only in stream order)
     return out, lse

@@ -8,14 +8,15 @@
   autograd formula (its results never require grad); the differentiable ``sdpa`` below refuses
   double backward with a clear error.
 - ``torch.ops.torch_sm90_sdpa.sdpa(q, k, v, is_causal=False, scale=None, enable_gqa=False,
-  attn_mask=None) -> (out, lse)``: forward through the stock fused forward (or, where stock SDPA
-  runs no fused kernel, e.g. an empty size, the reference forward), backward through
-  ``sdpa_backward``.
+  attn_mask=None) -> (out, lse)``: forward through the SM90 forward kernel for a masked call it
+  serves on CUDA (it skips the tiles the mask hides, where the stock fused forwards apply a
+  mask densely), else through the stock fused forward (or, where stock SDPA runs no fused
+  kernel, e.g. an empty size, the reference forward); backward through ``sdpa_backward``.
 
 - ``torch.ops.torch_sm90_sdpa.sdpa_forward(q, k, v, is_causal=False, scale=None,
   enable_gqa=False, attn_mask=None) -> (out, lse)``: ``sdpa`` with the SM90 forward kernel on
-  CUDA where it serves the call (no mask, fp16 / bf16, a compiled head dim; else the same
-  forward as ``sdpa``), the same lse layout, fake kernel and backward.
+  CUDA wherever it serves the call (fp16 / bf16, a compiled head dim, any mask; else the stock
+  forward), the same lse layout, fake kernel and backward.
 
 ``scale=None`` means 1/sqrt(D) (1 for D = 0, where every score is 0 whatever the scale).
 Empty sizes (batch, heads, query or key length, head dim) give stock SDPA's result: empty
@@ -338,6 +339,11 @@ def sdpa(
 ) -> tuple[Tensor, Tensor]:
     _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask)
     scale = _validation.resolve_scale(scale, q)
+    if attn_mask is not None and q.device.type == "cuda":
+        why_not = forward_unserved(q, k, v, is_causal, attn_mask)
+        if why_not is None:
+            return sdpa_forward_cuda(q, k, v, is_causal, scale, attn_mask)
+        log.debug("sdpa: stock masked forward (%s)", why_not)
     return _stock_forward(q, k, v, is_causal, scale, attn_mask, enable_gqa)
 
 
@@ -424,7 +430,7 @@ def sdpa_forward(
     if q.device.type == "cuda":
         why_not = forward_unserved(q, k, v, is_causal, attn_mask)
         if why_not is None:
-            return sdpa_forward_cuda(q, k, v, is_causal, scale)
+            return sdpa_forward_cuda(q, k, v, is_causal, scale, attn_mask)
         log.debug("sdpa_forward: stock forward (%s)", why_not)
     return _stock_forward(q, k, v, is_causal, scale, attn_mask, enable_gqa)
 

@@ -10,8 +10,14 @@
 //
 // Key blocks go last to first, so the blocks that need the causal cut or the key tail come
 // first and every later block runs without any masking code.
+//
+// kMasked: with an attention mask. The classification (mask_classify.h) has written the class
+// of every (query block, key block) tile: the producer and the MMA warpgroups walk the same
+// sequence of non-empty key blocks (next_block), full tiles run as an unmasked block, partial
+// tiles read the classification's visibility bits or, for other biases, the mask itself.
 #pragma once
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 
@@ -23,6 +29,7 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 
 #include "../fwd_params.h"
+#include "../numeric.h"
 #include "fwd_config.h"
 #include "utils.h"
 
@@ -52,11 +59,12 @@ CUTE_DEVICE float quad_sum(float x) {
 }
 
 // kOverlap: block n's softmax overlaps the previous block's P V inside each warpgroup (see
-// mma()); else each block's S, softmax and P V run in turn.
-template <class Cfg, class Element_, bool kOverlap_ = false>
+// mma()); else each block's S, softmax and P V run in turn. kMasked: see above.
+template <class Cfg, class Element_, bool kOverlap_ = false, bool kMasked_ = false>
 struct FwdKernel {
   using Element = Element_;
   static constexpr bool kOverlap = kOverlap_;
+  static constexpr bool kMasked = kMasked_;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
@@ -64,6 +72,10 @@ struct FwdKernel {
   static constexpr int kNumMmaWG = kBlockM / 64;
   static constexpr int kNumMmaThreads = kNumMmaWG * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
+  static_assert(!kMasked || (kBlockM == kFwdTile && kBlockN == kFwdTile),
+                "the classification describes kFwdTile x kFwdTile tiles");
+  static constexpr int kMaskBitWords = kBlockM * kBlockN / 32;  // per tile
+  static constexpr int kMaskRowWords = kBlockN / 32;
   // (fwd_config.h: two MMA warpgroups) 24 + 2 x 240 registers per thread of a warp trio
   static constexpr uint32_t kLoadRegs = 24;
   static constexpr uint32_t kMmaRegs = 240;
@@ -128,10 +140,19 @@ struct FwdKernel {
     int seqlen_q, seqlen_k, qhead_per_khead;
     float scale_log2;
     bool is_causal;
+    // ---- kMasked only ----
+    MaskKind mask_kind;
+    void const* mask;
+    int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_col_stride;
+    int mask_batch, mask_heads, num_m_blocks, num_n_blocks;
+    unsigned char const* tile_class;  // [mask_batch, mask_heads, num_n_blocks, num_m_blocks]
+    uint32_t const* tile_bits;        // kMaskBitWords per tile, in tile_class order
   };
 
-  // p: strides already fit for TMA (launch_fwd_main)
-  static Params to_params(FwdParams const& p) {
+  // p: strides already fit for TMA (launch_fwd_main); tile_class / tile_bits: the
+  // classification's output in p.mask_workspace (null without a mask)
+  static Params to_params(FwdParams const& p, unsigned char const* tile_class = nullptr,
+                          uint32_t const* tile_bits = nullptr) {
     auto gmem = [](void const* ptr, int s, int h, int b, int64_t rs, int64_t hs, int64_t bs) {
       return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
                          make_shape(s, int32_t(kHeadDim), h, b), make_stride(rs, _1{}, hs, bs));
@@ -156,7 +177,36 @@ struct FwdKernel {
         p.seqlen_k,
         p.heads_q / p.heads_kv,
         p.scale_log2,
-        p.is_causal};
+        p.is_causal,
+        p.mask_kind,
+        p.mask,
+        p.mask_batch_stride,
+        p.mask_head_stride,
+        p.mask_row_stride,
+        p.mask_col_stride,
+        p.mask_batch,
+        p.mask_heads,
+        (p.seqlen_q + kBlockM - 1) / kBlockM,
+        (p.seqlen_k + kBlockN - 1) / kBlockN,
+        tile_class,
+        tile_bits};
+  }
+
+  // The index of tile (m_block, n-block 0) of (bidh, bidb)'s mask instance in tile_class;
+  // n-block n's is this + n * num_m_blocks.
+  CUTE_DEVICE static int64_t first_tile_index(Params const& params, int m_block, int bidh, int bidb) {
+    int const mb = params.mask_batch == 1 ? 0 : bidb;
+    int const mh = params.mask_heads == 1 ? 0 : bidh;
+    return (int64_t(mb) * params.mask_heads + mh) * params.num_n_blocks * int64_t(params.num_m_blocks) + m_block;
+  }
+
+  // The highest key block <= n that the query block sees (-1: none): n itself without a mask,
+  // else the first whose tile is not empty. The producer and the MMA warps walk the same blocks.
+  CUTE_DEVICE static int next_block(Params const& params, unsigned char const* classes, int n) {
+    if constexpr (kMasked) {
+      while (n >= 0 && classes[int64_t(n) * params.num_m_blocks] == kTileEmpty) { --n; }
+    }
+    return n;
   }
 
   // The key blocks query block m_block sees: [0, n_end). Causal (top-left): keys up to the
@@ -195,8 +245,10 @@ struct FwdKernel {
     copy(params.tma_q.with(reinterpret_cast<BarrierT&>(ss.barrier_q), 0), tQgQ, tQsQ);
     PipelineState write_k = cutlass::make_producer_start_state<PipelineKV>();
     PipelineState write_v = cutlass::make_producer_start_state<PipelineKV>();
+    unsigned char const* classes =
+        kMasked ? params.tile_class + first_tile_index(params, m_block, bidh, bidb) : nullptr;
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int n = n_end - 1; n >= 0; --n) {
+    for (int n = next_block(params, classes, n_end - 1); n >= 0; n = next_block(params, classes, n - 1)) {
       pipeline_k.producer_acquire(write_k);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write_k), 0), tKgK(_, _, _, n),
            tKsK(_, _, _, write_k.index()));
@@ -243,7 +295,80 @@ struct FwdKernel {
     bool const is_causal = params.is_causal;
     float const scale_log2 = params.scale_log2;
     PipelineState read_k, read_v;
+    int64_t const tile0 = kMasked ? first_tile_index(params, m_block, bidh, bidb) : 0;
+    unsigned char const* classes = kMasked ? params.tile_class + tile0 : nullptr;
     ss.barrier_q.wait(0);
+
+    // kMasked, a partial tile: S scaled into the log2 domain with the mask added (-inf where
+    // hidden, the causal cut and the key tail included).
+    auto mask_scores = [&](auto& S, int n, unsigned char cls) __attribute__((always_inline)) {
+      int const n0 = n * kBlockN;
+      if (cls == kTilePartialBits) {
+        // the tile as bits, row-major: bit k % 32 of word k / 32 of a row (mask_classify.cu)
+        uint32_t const* bits = params.tile_bits + (tile0 + int64_t(n) * params.num_m_blocks) * kMaskBitWords;
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          uint32_t const* row_bits = bits + get<0>(cS(r, 0)) * kMaskRowWords;
+          uint32_t words[kMaskRowWords];
+          CUTLASS_PRAGMA_UNROLL
+          for (int w = 0; w < kMaskRowWords; ++w) { words[w] = row_bits[w]; }
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < size<1>(S); ++c) {
+            int const col = get<1>(cS(r, c));
+            uint32_t word = words[0];
+            CUTLASS_PRAGMA_UNROLL
+            for (int w = 1; w < kMaskRowWords; ++w) { word = col >= 32 * w ? words[w] : word; }
+            S(r, c) = (word >> (col % 32)) & 1u ? S(r, c) * scale_log2 : -INFINITY;
+          }
+        }
+        return;
+      }
+      // the mask's [B, Hq] offset (stride 0 on broadcast dims)
+      int64_t const mask_offset = int64_t(bidb) * params.mask_batch_stride + int64_t(bidh) * params.mask_head_stride;
+      // bias(offset): the element's additive term in the log2 domain, -inf where masked. A
+      // finite bias stays finite (the product may overflow fp32, e.g. the dtype's min): a row
+      // whose every key carries it gets uniform weights, as in stock SDPA.
+      auto apply = [&](auto bias) __attribute__((always_inline)) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          int const row = m0 + get<0>(cS(r, 0));
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < size<1>(S); ++c) {
+            int const col = n0 + get<1>(cS(r, c));
+            float add = -INFINITY;
+            if (row < params.seqlen_q && col < seqlen_k && !(is_causal && col > row)) {
+              add = bias(mask_offset + int64_t(row) * params.mask_row_stride + int64_t(col) * params.mask_col_stride);
+            }
+            S(r, c) = S(r, c) * scale_log2 + add;
+          }
+        }
+      };
+      auto finite_log2 = [](float b) __attribute__((always_inline)) {
+        return b == -INFINITY ? b : fmaxf(b * kLog2e, -FLT_MAX);
+      };
+      switch (params.mask_kind) {
+        case MaskKind::kBool: {
+          auto m = static_cast<uint8_t const*>(params.mask);
+          apply([&](int64_t o) { return m[o] ? 0.f : -INFINITY; });
+          break;
+        }
+        case MaskKind::kFloat16: {
+          auto m = static_cast<cutlass::half_t const*>(params.mask);
+          apply([&](int64_t o) { return finite_log2(float(m[o])); });
+          break;
+        }
+        case MaskKind::kBFloat16: {
+          auto m = static_cast<cutlass::bfloat16_t const*>(params.mask);
+          apply([&](int64_t o) { return finite_log2(float(m[o])); });
+          break;
+        }
+        default: {  // kFloat32
+          auto m = static_cast<float const*>(params.mask);
+          apply([&](int64_t o) { return finite_log2(m[o]); });
+          break;
+        }
+      }
+    };
 
     // The online softmax of key block n: S (the wgmma accumulator) scaled, masked where the key
     // tail or the causal cut cross the block, and turned into P = 2^(S - max) in place; the
@@ -253,13 +378,23 @@ struct FwdKernel {
     auto softmax = [&](auto& tSrS, int n) __attribute__((always_inline)) {
       Tensor S = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       int const n0 = n * kBlockN;
-      bool const cut = n0 + kBlockN > seqlen_k || (is_causal && n0 + kBlockN - 1 > m0);
+      bool cut = false, scaled = false;
+      if constexpr (kMasked) {
+        // full tiles: no masking at all (the classification folded the key tail and the cut in)
+        unsigned char const cls = classes[int64_t(n) * params.num_m_blocks];
+        if (cls != kTileFull) {
+          mask_scores(S, n, cls);
+          scaled = true;
+        }
+      } else {
+        cut = n0 + kBlockN > seqlen_k || (is_causal && n0 + kBlockN - 1 > m0);
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < kRows; ++r) {
         float mx = -INFINITY;
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < size<1>(S); ++c) {
-          float s = S(r, c) * scale_log2;
+          float s = scaled ? S(r, c) : S(r, c) * scale_log2;
           if (cut) {
             int const row = m0 + get<0>(cS(r, c));
             int const col = n0 + get<1>(cS(r, c));
@@ -311,7 +446,7 @@ struct FwdKernel {
     if constexpr (!kOverlap) {
       // each block in turn: S, softmax, P V
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int n = n_end - 1; n >= 0; --n) {
+      for (int n = next_block(params, classes, n_end - 1); n >= 0; n = next_block(params, classes, n - 1)) {
         Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
         gemm_s(tSrS, cute::Int<0>{});
         release_k();
@@ -326,28 +461,32 @@ struct FwdKernel {
       // Within the warpgroup, block n's softmax runs while the tensor cores add the previous
       // block's P V: S_n and P_{n+1} V_{n+1} are issued back to back, the wait for S_n leaves
       // P V in flight, and O is rescaled only after it completes.
-      Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      gemm_s(tSrS, cute::Int<0>{});
-      release_k();
-      softmax(tSrS, n_end - 1);  // (O is zero: nothing to rescale)
-      Tensor rP = make_tensor_like<Element>(tSrS);
-      convert_fragment(tSrS, rP);
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int n = n_end - 2; n >= 0; --n) {
-        gemm_s(tSrS, cute::Int<-1>{});
-        gemm_pv(rP, cute::Int<-1>{});
-        warpgroup_wait<1>();  // S_n is complete; P V may still run
-        warpgroup_fence_operand(tSrS);
+      int const first = next_block(params, classes, n_end - 1);
+      // (kMasked: a query block without a non-empty tile has nothing to compute)
+      if (!kMasked || first >= 0) {
+        Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        Tensor rP = make_tensor_like<Element>(tSrS);
+        gemm_s(tSrS, cute::Int<0>{});
         release_k();
-        softmax(tSrS, n);
-        warpgroup_wait<0>();  // P V is complete: O and rP are free
-        warpgroup_fence_operand(tOrO);
-        release_v();
-        rescale_o();
+        softmax(tSrS, first);  // (O is zero: nothing to rescale)
         convert_fragment(tSrS, rP);
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int n = next_block(params, classes, first - 1); n >= 0; n = next_block(params, classes, n - 1)) {
+          gemm_s(tSrS, cute::Int<-1>{});
+          gemm_pv(rP, cute::Int<-1>{});
+          warpgroup_wait<1>();  // S_n is complete; P V may still run
+          warpgroup_fence_operand(tSrS);
+          release_k();
+          softmax(tSrS, n);
+          warpgroup_wait<0>();  // P V is complete: O and rP are free
+          warpgroup_fence_operand(tOrO);
+          release_v();
+          rescale_o();
+          convert_fragment(tSrS, rP);
+        }
+        gemm_pv(rP, cute::Int<0>{});
+        release_v();
       }
-      gemm_pv(rP, cute::Int<0>{});
-      release_v();
     }
 
     // ---- epilogue: O / rowsum and lse, from registers ----
