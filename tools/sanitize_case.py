@@ -7,7 +7,9 @@ bias (the score-bound pass of the classification), three calls of more tiles tha
 TORCH_SM90_SDPA_PERSISTENT=1 in the environment, CTAs that take several tiles; d256's epilogue
 stores through the dQ staging tile), and three full calls whose last partial wave is split
 into pieces (TORCH_SM90_SDPA_SPLIT_TAIL=1, set here: fragments of tiles, their fp32 sums and
-counts), and the forward kernel (sdpa_forward) on four calls. The GQA cases run twice: with one q head
+counts), and the forward kernel (sdpa_forward) on six calls, masked ones included (the masked
+backward cases of head dims with a forward kernel also run it, through `sdpa`), each with
+both forward kernels (TORCH_SM90_SDPA_FWD_OVERLAP 0 and 1). The GQA cases run twice: with one q head
 per CTA and with each CTA walking its group (TORCH_SM90_SDPA_GQA_WALK=1, read per call).
 Cases of head dims that were not built (TORCH_SM90_SDPA_HEAD_DIMS) are skipped and counted; the
 last line says how many ran (none ran: exit status 1, so an A/B build of other head dims cannot
@@ -85,20 +87,25 @@ for (b, hq, hkv, sq, sk, d, causal, kind, deterministic), walk in RUNS:
     torch.cuda.synchronize()
     print("case", (b, hq, hkv, sq, sk, d, causal, kind, deterministic), "walk", walk, "finite:",
           all(g.isfinite().all().item() for g in grads))
-# the forward kernel (sdpa_forward): causal and full, GQA, odd lengths, Sq != Sk
-FWD_CASES = [(1, 4, 2, 130, 77, 64, True), (1, 2, 2, 300, 300, 128, False),
-             (2, 4, 1, 200, 333, 128, True), (1, 2, 2, 1000, 64, 64, False)]
+# the forward kernel (sdpa_forward): causal and full, GQA, odd lengths, Sq != Sk, masks
+FWD_CASES = [(1, 4, 2, 130, 77, 64, True, None), (1, 2, 2, 300, 300, 128, False, None),
+             (2, 4, 1, 200, 333, 128, True, None), (1, 2, 2, 1000, 64, 64, False, None),
+             (2, 4, 2, 300, 300, 128, False, "padding bool [B,1,S,S]"),
+             (2, 4, 2, 260, 260, 64, True, "sliding-window bias [S,S]")]
 has_fwd = getattr(_extension.load(), "has_fwd_variant", None)
-for b, hq, hkv, sq, sk, d, causal in FWD_CASES:
+for (b, hq, hkv, sq, sk, d, causal, kind), overlap in [(c, o) for c in FWD_CASES for o in "01"]:
     if has_fwd is None or not has_fwd(d, _extension.dtype_code(torch.bfloat16)):
         skipped += 1
         continue
     ran += 1
+    os.environ["TORCH_SM90_SDPA_FWD_OVERLAP"] = overlap
     q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    out, lse = torch.ops.torch_sm90_sdpa.sdpa_forward(q, k, v, causal, None, True)
+    mask = make_mask(kind, b, sq, sk) if kind else None
+    out, lse = torch.ops.torch_sm90_sdpa.sdpa_forward(q, k, v, causal, None, True, mask)
     torch.cuda.synchronize()
-    print("forward case", (b, hq, hkv, sq, sk, d, causal), "finite:", out.isfinite().all().item())
+    print("forward case", (b, hq, hkv, sq, sk, d, causal, kind), "overlap", overlap, "finite:",
+          out.isfinite().all().item())
 print(f"sanitize_case: {ran} calls ran, {skipped} skipped (head dims not built)")
 if ran == 0:
     raise SystemExit(1)
