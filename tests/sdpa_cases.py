@@ -147,6 +147,10 @@ def run_stock(q, k, v, mask, case, grad_out=None):
     # (batch 0 on CUDA: stock before 2.13 raises "'NoneType' object is not iterable" in its
     # backward; 2.13's answer, the empty result, is computed here alike)
     if q.dim() == k.dim() == 4 and (k.size(1) == 0 or (q.is_cuda and q.size(0) == 0)):
+        if k.size(1) != 0:
+            with torch.no_grad():  # stock's own refusals: its forward runs at batch 0
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=case.is_causal,
+                                               scale=case.scale, enable_gqa=case.enable_gqa)
         out = q.new_zeros(q.shape[:3] + v.shape[3:])
         if grad_out is None:
             return out, None
@@ -233,13 +237,15 @@ def check_case(case: Case, device, entry_points=None, grad_mode: bool = True) ->
     # without a visible key. The ops take such a mask (documented) and give those rows 0, as
     # stock's fused kernels do: they are compared with stock given the mask in q's dtype. The
     # drop-in passes the refused calls to stock and must refuse them as stock does.
-    stock_refusal = None
+    # (the drop-in passes the math-path calls to stock: it must give stock's own answer)
+    stock_refusal = drop_in_stock = None
     if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype and (
             (stock[0] == "error" and "should match query's dtype" in str(stock[1]))
             or (stock[0] == "ok" and _has_nan(stock[1]))):
         fused = outcome(lambda: run_stock(q, k, v, mask.to(q.dtype), case, go))
         if fused[0] == "ok":
             stock_refusal = stock if stock[0] == "error" else None
+            drop_in_stock = stock if stock[0] == "ok" else None
             stock = fused
     ref = None
     if stock[0] == "error" and case.is_causal and mask is not None and \
@@ -288,7 +294,8 @@ def check_case(case: Case, device, entry_points=None, grad_mode: bool = True) ->
             if name == "drop-in" or not any(r in str(ours[1]) for r in OP_REFUSALS):
                 problems.append(f"{name}: refused a call stock takes: {ours[1]!r}")
             continue
-        (out, grads), (s_out, s_grads), (r_out, r_grads) = ours[1], stock[1], ref
+        theirs = drop_in_stock if name == "drop-in" and drop_in_stock is not None else stock
+        (out, grads), (s_out, s_grads), (r_out, r_grads) = ours[1], theirs[1], ref
         pairs = [("out", out, s_out, r_out)]
         if grads is not None:
             pairs += [(n, g, sg, rg) for n, g, sg, rg in zip(("dq", "dk", "dv"), grads, s_grads,

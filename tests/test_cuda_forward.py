@@ -118,11 +118,12 @@ def test_unserved_calls_take_the_stock_forward():
     assert "attn_mask dtype" in _cuda_backend.forward_unserved(q, k, v, False, keep)
     q32, k32, v32 = (t.float() for t in (q, k, v))
     assert _cuda_backend.forward_unserved(q32, k32, v32) == "dtype"
-    mask = keep.bool()
-    assert _cuda_backend.forward_unserved(q32, k32, v32, False, mask) == "dtype"
-    out, lse = sdpa_forward(q32, k32, v32, False, None, False, mask)
-    want = F.scaled_dot_product_attention(q32, k32, v32, attn_mask=mask)
-    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    assert _cuda_backend.forward_unserved(q32, k32, v32, False, keep.bool()) == "dtype"
+    q8, k8, v8 = make_qkv(1, 2, 2, 64, 64, 8, dtype=torch.bfloat16, device="cuda")
+    assert _cuda_backend.forward_unserved(q8, k8, v8) == "head dim not compiled"
+    out, lse = sdpa_forward(q8, k8, v8, False, None, False, keep.bool())
+    want = F.scaled_dot_product_attention(q8, k8, v8, attn_mask=keep.bool())
+    torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
 
 
 # ---- masks -----------------------------------------------------------------------------------
@@ -207,7 +208,9 @@ def test_finite_fill_rows_get_uniform_weights():
     out, lse = sdpa_forward(q, k, v, False, None, False, mask)
     want_out, _ = reference_out_lse(q, k, v, mask, False, d ** -0.5)
     torch.testing.assert_close(out[:, :, 7].float(), v.float().mean(2), atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(out.double(), want_out, atol=2e-2, rtol=2e-2)
+    # (the reference's own row 7 is off: its lse loses log(Sk) next to the fill)
+    rows = [r for r in range(200) if r != 7]
+    torch.testing.assert_close(out[:, :, rows].double(), want_out[:, :, rows], atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
@@ -220,5 +223,7 @@ def test_masked_forward_is_bitwise_repeatable_and_sdpa_takes_it(kernel_kind):
     # the differentiable op and the drop-in run the same forward on a masked call
     via_sdpa = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, False, None, True, mask)
     assert torch.equal(via_sdpa[0], out) and torch.equal(via_sdpa[1], lse)
-    dropin = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    assert torch.equal(dropin, out)
+    # (the drop-in takes the call when a gradient is needed; else it is stock's)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    dropin = torch_sm90_sdpa.scaled_dot_product_attention(*leaves, attn_mask=mask, enable_gqa=True)
+    assert torch.equal(dropin.detach(), out)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import eligibility
-from ._validation import MASK_DTYPES, SUPPORTED_DTYPES, resolve_scale
+from ._validation import KERNEL_DTYPES, MASK_DTYPES, SUPPORTED_DTYPES, resolve_scale
 from .ops import EagerSdpa
 
 log = logging.getLogger("torch_sm90_sdpa")
@@ -84,6 +84,16 @@ def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
         if attn_mask is not None and (not isinstance(attn_mask, torch.Tensor) or
                                       attn_mask.dtype not in MASK_DTYPES):
             return "attn_mask of a dtype the kernels do not read"
+        return _stock_takes_differently(query, key, value, attn_mask, scale)
+    if tensors and all(t.dim() == 4 for t in (query, key, value)) and \
+            query.device.type == "cuda" and query.dtype in KERNEL_DTYPES and dropout_p == 0.0 \
+            and any(t.numel() == 0 for t in (query, key, value)) and \
+            value.size(-1) == query.size(-1) and (enable_gqa or query.size(1) == key.size(1)) \
+            and _mask_unservable_reason(attn_mask, is_causal) is None:
+        # An empty size on CUDA: no kernel runs (the op gives the empty result, out 0, zero
+        # gradients), in every grad mode and for any head dim. Stock SDPA of torch 2.11 fails
+        # in its backward there ("'NoneType' object is not iterable" at batch 0, or a division
+        # by zero that ends the process).
         return _stock_takes_differently(query, key, value, attn_mask, scale)
     why = _mask_unservable_reason(attn_mask, is_causal)
     if why is not None:
