@@ -73,6 +73,22 @@ def _stock_takes_differently(query, key, value, attn_mask, scale) -> str | None:
     return None
 
 
+def _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:
+    """An empty size on CUDA (fp16 / bf16, no dropout, a mask that needs no gradient): no
+    kernel runs, the op gives the empty result (out 0, zero gradients) in every grad mode and
+    for any head dim, after stock's forward has had its say on the arguments (it runs there).
+    Stock SDPA of torch 2.11 fails in its backward on such calls ("'NoneType' object is not
+    iterable" at batch 0, or a division by zero that ends the process)."""
+    return (all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (query, key, value))
+            and query.device.type == "cuda" and query.dtype in KERNEL_DTYPES
+            and dropout_p == 0.0 and any(t.numel() == 0 for t in (query, key, value))
+            and value.size(-1) == query.size(-1)
+            and (enable_gqa or query.size(1) == key.size(1))
+            and (attn_mask is None or (isinstance(attn_mask, torch.Tensor)
+                                       and attn_mask.dtype in MASK_DTYPES
+                                       and not attn_mask.requires_grad)))
+
+
 def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
                        is_causal=False, scale=None) -> str | None:
     tensors = all(isinstance(t, torch.Tensor) for t in (query, key, value))
@@ -85,15 +101,7 @@ def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
                                       attn_mask.dtype not in MASK_DTYPES):
             return "attn_mask of a dtype the kernels do not read"
         return _stock_takes_differently(query, key, value, attn_mask, scale)
-    if tensors and all(t.dim() == 4 for t in (query, key, value)) and \
-            query.device.type == "cuda" and query.dtype in KERNEL_DTYPES and dropout_p == 0.0 \
-            and any(t.numel() == 0 for t in (query, key, value)) and \
-            value.size(-1) == query.size(-1) and (enable_gqa or query.size(1) == key.size(1)) \
-            and _mask_unservable_reason(attn_mask, is_causal) is None:
-        # An empty size on CUDA: no kernel runs (the op gives the empty result, out 0, zero
-        # gradients), in every grad mode and for any head dim. Stock SDPA of torch 2.11 fails
-        # in its backward there ("'NoneType' object is not iterable" at batch 0, or a division
-        # by zero that ends the process).
+    if _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa):
         return _stock_takes_differently(query, key, value, attn_mask, scale)
     why = _mask_unservable_reason(attn_mask, is_causal)
     if why is not None:
@@ -150,6 +158,11 @@ def scaled_dot_product_attention(
     reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal,
                                 scale)
     if reason is None:
+        if _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa):
+            with torch.no_grad():  # stock's refusals of the arguments (nothing to compute)
+                F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                               is_causal=is_causal, scale=scale,
+                                               enable_gqa=enable_gqa)
         # A call we serve: the op checks it (bad input is reported naming the argument);
         # calls we do not serve go to stock SDPA untouched, which reports its own errors.
         query, key, value = (
