@@ -158,8 +158,11 @@ def scaled_dot_product_attention(
     reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal,
                                 scale)
     if reason is None:
-        if _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa):
-            with torch.no_grad():  # stock's refusals of the arguments (nothing to compute)
+        if key.size(1) != 0 and _empty_cuda_call(query, key, value, attn_mask, dropout_p,
+                                                 enable_gqa):
+            # stock's refusals of the arguments (nothing to compute; with no key head stock
+            # of torch 2.11 divides by zero even in its forward)
+            with torch.no_grad():
                 F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
                                                is_causal=is_causal, scale=scale,
                                                enable_gqa=enable_gqa)
