@@ -25,6 +25,8 @@ import argparse
 import copy
 import json
 import os
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
@@ -175,8 +177,12 @@ def main():
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
+            commit = os.environ.get("GIT_COMMIT") or subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
             json.dump({"rows": results, "device": torch.cuda.get_device_name(),
-                       "torch": torch.__version__, "transformers": transformers.__version__},
+                       "torch": torch.__version__, "transformers": transformers.__version__,
+                       "meta": {"device": torch.cuda.get_device_name(), "commit": commit,
+                                "command": " ".join(sys.argv)}},
                       f, indent=1)
 
 

@@ -3,8 +3,10 @@
 The result files are those of benchmarks/results/speed_table_runs.txt, the list
 tools/speed_table.py builds the speed gate's table from (oldest first per GPU). The tables:
 per GPU, the newest bench_bwd pair (the last synchronized and the last back-to-back file the
-list names), one row per measured case; then every bench_masks file. Each table names its GPU,
-commit, date and command. tests/test_benchmarks.py checks that BENCHMARKS.md is what this
+list names), one row per measured case; then every bench_masks file. Then, from
+benchmarks/results/ directly (the speed gate does not read them): every bench_fwd_*.json (the
+forward kernel) and every bench_transformers_*.json (compiled transformers training steps).
+Each table names its GPU, commit and command (and date where the file has one). tests/test_benchmarks.py checks that BENCHMARKS.md is what this
 prints, so regenerate it after changing the list:
 
     python3 tools/benchmarks_md.py [-o BENCHMARKS.md]
@@ -157,6 +159,54 @@ def masks_table(path):
     return lines
 
 
+def _results(prefix):
+    folder = os.path.join(ROOT, "benchmarks", "results")
+    return sorted(f"benchmarks/results/{n}" for n in os.listdir(folder)
+                  if n.startswith(prefix) and n.endswith(".json"))
+
+
+FWD_COLUMNS = (("ours", "ours"), ("ours_overlap", "ours, overlap"), ("cudnn", "cuDNN"),
+               ("flash", "FA2"), ("cudnn_mask", "cuDNN bool mask"),
+               ("ours_mask", "ours bool mask"), ("ours_mask_overlap", "ours bool mask, overlap"),
+               ("ours_bias", "ours 0 / min bias"))
+
+
+def fwd_table(path):
+    result = _load(path)
+    meta = result["meta"]
+    lines = [f"### {gpu(meta)}, commit {meta['commit']}, torch {meta.get('torch', '?')}", "",
+             f"`{command(meta, path)}`", "",
+             "| head dim | causal | b x h | s | " + " | ".join(n for _, n in FWD_COLUMNS)
+             + " | ours / best stock | mask / causal | mask / cuDNN mask |",
+             "|---|---|---|---|" + "---|" * (len(FWD_COLUMNS) + 3)]
+    for r in result["rows"]:
+        tf = r["tflops"]
+        heads = f"{r['hq']}" + (f" / {r['hkv']}" if r["hkv"] != r["hq"] else "")
+        lines.append(f"| {r['d']} | {'yes' if r['causal'] else 'no'} | {r['b']} x {heads} | "
+                     f"{r['s']} | " + " | ".join(_fmt(tf.get(k), 0) for k, _ in FWD_COLUMNS)
+                     + f" | {_fmt(r['ours_over_best'])} | {_fmt(r.get('mask_over_causal'))} | "
+                     f"{_fmt(r.get('mask_over_cudnn_mask'), 2)} |")
+    return lines
+
+
+def steps_table(paths):
+    lines = ["| GPU | commit | model | padded | stock ms | enable() ms | speedup | "
+             "compiled sm90_sdpa ms | speedup | eager sm90_sdpa / eager sdpa | command |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        result = _load(path)
+        meta = result["meta"]
+        for r in result["rows"]:
+            model = (f"Llama {r['heads']}/{r['kv_heads']} d{r['head_dim']} b{r['batch']} "
+                     f"s{r['seq']}")
+            lines.append(
+                f"| {gpu(meta)} | {meta['commit']} | {model} | {'yes' if r['padded'] else 'no'} | "
+                f"{r['stock_ms']:.1f} | {r['routed_ms']:.1f} | {r['speedup']:.3f} | "
+                f"{_fmt(r.get('compiled_sm90_sdpa_ms'), 1)} | {_fmt(r.get('interface_speedup'))} | "
+                f"{_fmt(r.get('eager_speedup'))} | `{command(meta, path)}` |")
+    return lines
+
+
 def render(runs=None) -> str:
     runs = [path for path, _ in (runs if runs is not None else speed_table.read_runs())]
     bwd, masks = select(runs)
@@ -179,6 +229,27 @@ def render(runs=None) -> str:
                   "gate routes masked calls by them.", ""]
         for path in masks:
             lines += masks_table(path) + [""]
+    fwd = _results("bench_fwd_")
+    if fwd:
+        lines += ["## Forward", "",
+                  "`benchmarks/bench_fwd.py`: the SM90 forward kernel (`sdpa_forward`, both "
+                  "kernels) next to stock SDPA's fused forwards, TFLOP/s (the visible half "
+                  "under causal masking), bf16, 16k tokens per batch; the mask columns take the "
+                  "causal mask as a bool [B, 1, S, S] tensor (ours and cuDNN) or as a bias of 0 "
+                  "and the dtype's minimum (ours). The `sdpa` op and the drop-in run ours for "
+                  "boolean masks only.", ""]
+        for path in fwd:
+            lines += fwd_table(path) + [""]
+    steps = _results("bench_transformers_")
+    if steps:
+        lines += ["## Compiled transformers training steps", "",
+                  "`benchmarks/bench_transformers.py --interface`: one training step of a "
+                  "4-layer transformers Llama (bf16, an all-ones `attention_mask` unless "
+                  "padded), compiled: stock against `enable()` (the compile route) and against "
+                  "`attn_implementation=\"sm90_sdpa\"` (the drop-in through transformers' "
+                  "attention interface, whose boolean masks take our forward); eager "
+                  "`sm90_sdpa` against eager `sdpa`.", ""]
+        lines += steps_table(steps) + [""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
