@@ -1030,6 +1030,31 @@ def _decide_eligible(call, **kw):
     return policy.decide(call, only_faster=False, **kw)
 
 
+class TestDropInUnderCompile(unittest.TestCase):
+    def test_kernel_verdict_is_a_trace_time_constant(self):
+        """The drop-in's CUDA eligibility runs the device layer (pybind objects Dynamo cannot
+        trace): under torch.compile it is a constant of the trace, not a graph break at every
+        attention call. A verdict that builds such an object must compile with fullgraph."""
+        from torch_sm90_sdpa import api
+
+        asked = []
+
+        def verdict(*facts):
+            asked.append(facts)
+            torch._C.Generator()  # (untraceable, as the device layer's objects)
+            return None
+
+        def f(q, k, v):
+            return q * 2 if api._cuda_unservable_reason(q, k, v) is None else q
+
+        torch._dynamo.reset()
+        q = torch.randn(1, 2, 4, 8)
+        with mock.patch.object(eligibility, "kernel_verdict", verdict):
+            out = torch.compile(f, fullgraph=True, backend="eager")(q, q, q)
+        torch.testing.assert_close(out, q * 2)
+        self.assertEqual(asked, [(torch.float32, 8, 8, 2, 2, None, False)])
+
+
 class TestPolicy(unittest.TestCase):
     """decide() on plain descriptions (TensorSpec): the CUDA rules without a GPU."""
 

@@ -21,13 +21,23 @@ from .ops import EagerSdpa
 log = logging.getLogger("torch_sm90_sdpa")
 
 
+@torch.compiler.assume_constant_result
+def _kernel_verdict_of(dtype, head_dim, head_dim_v, heads_q, heads_kv, device,
+                       deterministic) -> str | None:
+    """eligibility.kernel_verdict on the call's device. A constant to torch.compile: Dynamo
+    calls it while tracing instead of tracing into the device layer, whose pybind objects it
+    cannot trace (a graph break at every attention call of a compiled model that uses the
+    drop-in, e.g. through transformers' attention interface)."""
+    return eligibility.kernel_verdict(dtype, head_dim, head_dim_v, heads_q, heads_kv,
+                                      eligibility.device_capability(device), deterministic)
+
+
 def _cuda_unservable_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     """Why the SM90 kernel cannot take this CUDA call, or None if it can."""
     if any(t.dtype != q.dtype for t in (k, v)):
         return "query/key/value dtypes differ"
-    return eligibility.kernel_verdict(q.dtype, q.size(-1), v.size(-1), q.size(1), k.size(1),
-                                 eligibility.device_capability(q.device),
-                                 torch.are_deterministic_algorithms_enabled())
+    return _kernel_verdict_of(q.dtype, q.size(-1), v.size(-1), q.size(1), k.size(1), q.device,
+                              torch.are_deterministic_algorithms_enabled())
 
 
 def _mask_unservable_reason(attn_mask, is_causal) -> str | None:
