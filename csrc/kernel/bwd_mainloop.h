@@ -9,7 +9,9 @@
 //                               S / dP in mma() itself, the other steps' lambdas made by
 //                               softmax_dv_steps() (P, dS, dV), by_warpgroup_steps() (kSdPByWG:
 //                               d256) and dq_dk_steps() (dQ, dK), the per-thread partitions by
-//                               hoisted_offsets() (d64) and thread_partitions()
+//                               hoisted_offsets() (d64) and thread_partitions(); the setup's
+//                               small steps by static helpers (warpgroup_first_thread(),
+//                               wait_for_kv(), unmasked_m_block_begin(), ...)
 #pragma once
 
 #include <cmath>
@@ -444,6 +446,11 @@ struct BwdMainloop {
   }
 
   // With a mask: the index of this CTA's first tile in tile_class order (its m-block 0).
+  // mma()'s masked walk keeps this index as an int (computed once, one register; run() checks
+  // the tile grid fits) and rebuilds the row's address from it where used (a 64-bit value live
+  // across the loop cost registers; the full index math per use cost ~25 uniform instructions
+  // per step, ncu at d128 2k). Each step's class comes from the same load as the walk's (one
+  // class load per step, after the step: loads moved before the step's MMAs delayed them).
   CUTE_DEVICE static int64_t first_tile_index(Params const& params, int n_block, int bidh, int bidb) {
     int const mb = params.mask_batch == 1 ? 0 : bidb;
     int const mh = params.mask_heads == 1 ? 0 : bidh;
@@ -1131,6 +1138,59 @@ struct BwdMainloop {
   // main kernel): 0.986 against 1.085 ms without the deferral.
   static constexpr bool kDeferLastdQSlice = kdQSlices > 1;
 
+  // Without a mask, the m-blocks of [m_min, m_max) that need the mask code are
+  // [m_min, the returned value): every one of the last (partial) key block, else the causal
+  // diagonal blocks, whose rows are not all >= the block's last key (n_block_end - 1). (With a
+  // mask, the partial tiles: the classification folded the causal cut and the key tail in, and
+  // empty tiles are skipped.)
+  CUTE_DEVICE static int unmasked_m_block_begin(int n_block_end, int seqlen_k, bool is_causal, int m_min,
+                                                int m_max) {
+    int m_mask_end = m_min;
+    if (n_block_end > seqlen_k) {
+      m_mask_end = m_max;
+    } else if (is_causal) {
+      m_mask_end = cute::min(m_max, (n_block_end - 1 + kBlockM - 1) / kBlockM);
+    }
+    return m_mask_end;
+  }
+
+  // dst = src, through registers the compiler cannot see into: a wgmma accumulator read while
+  // the next step's wgmmas run made ptxas inject a full warpgroup.wait (C7517).
+  template <class Src, class Dst>
+  CUTE_DEVICE static void copy_out_of_accumulator(Src const& src, Dst& dst) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(src); ++i) {
+      uint32_t bits;
+      asm volatile("mov.b32 %0, %1;" : "=r"(bits) : "r"(__float_as_uint(src(i))));
+      dst(i) = __uint_as_float(bits);
+    }
+  }
+
+  // The first thread of thread_idx's warpgroup, warp-uniform. mma() slices the tiled MMAs with
+  // it for the shared-memory operands' descriptors only, which depend on the warpgroup alone:
+  // made uniform by a shuffle, ptxas builds the descriptors in uniform registers (from the
+  // per-thread index it moved them with 4 R2UR before every HGMMA: 112 per step at d128).
+  // Register fragments (C, copies) take the thread's own slice where they are used.
+  CUTE_DEVICE static int warpgroup_first_thread(int thread_idx) {
+    return __shfl_sync(0xffffffffu, thread_idx / cutlass::NumThreadsPerWarpGroup, 0) *
+           cutlass::NumThreadsPerWarpGroup;
+  }
+
+  // Let the MMA warps take the first turn on the dQ staging tile.
+  CUTE_DEVICE static void give_mma_warps_first_dq_turn(int thread_idx) {
+    if (thread_idx < cutlass::NumThreadsPerWarp) {
+      named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
+    }
+  }
+
+  // K_j and V_j of this tile: the CTA's kv_loads-th load (kv_loads counts them, as load() does).
+  template <class SharedStorage>
+  CUTE_DEVICE static void wait_for_kv(SharedStorage& ss, int& kv_loads) {
+    int const kv_load = kv_loads;
+    kv_loads = kv_load + 1;
+    ss.pipelines.barrier_KV.wait(kv_load & 1);
+  }
+
   // Returns false when this n-block sees no query (dK = dV = 0).
   template <class SharedStorage, class FrgdKV>
   CUTE_DEVICE bool mma(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
@@ -1160,13 +1220,8 @@ struct BwdMainloop {
     TiledMmaSdP tiled_mma_SdP;
     TiledMmadKV tiled_mma_dKV;
     TiledMmadQ tiled_mma_dQ;
-    // Slices for the shared-memory operands' descriptors only, which depend on the warpgroup
-    // alone: sliced with its first thread, made warp-uniform by a shuffle, so that ptxas can
-    // build the descriptors in uniform registers (from the per-thread index it moved them
-    // with 4 R2UR before every HGMMA: 112 per step at d128). Register fragments (C, copies)
-    // take the thread's own slice where they are used.
-    int const wg_thread0 = __shfl_sync(0xffffffffu, thread_idx / cutlass::NumThreadsPerWarpGroup, 0) *
-                           cutlass::NumThreadsPerWarpGroup;
+    // (slices for the shared-memory operands' descriptors: warpgroup_first_thread)
+    int const wg_thread0 = warpgroup_first_thread(thread_idx);
     // (kSdPByWG: the S / dP tiled MMA is one warpgroup's; its thread index is the thread's
     // index within its warpgroup, and s_warpgroup tells the S warpgroup from the dP one)
     auto thr_SdP = tiled_mma_SdP.get_thread_slice(kSdPByWG ? 0 : wg_thread0);
@@ -1195,10 +1250,7 @@ struct BwdMainloop {
     Tensor tdKrQ = mma_smem_fragment<kdKVSwapAB>(thr_dKV, sQt);   // (.., stage)
     Tensor tdQrdS = mma_smem_fragment<!kdQSwapAB>(thr_dQ, sdS);   // (.., dS stage)
 
-    // Let the MMA warps take the first turn on the dQ staging tile.
-    if (thread_idx < cutlass::NumThreadsPerWarp) {
-      named_arrive(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty);
-    }
+    give_mma_warps_first_dq_turn(thread_idx);
 
     int const seqlen_q = params.seqlen_q;
     int const seqlen_k = params.seqlen_k;
@@ -1206,10 +1258,7 @@ struct BwdMainloop {
     float const scale_log2 = params.scale_log2;
     int const n_block_end = (n_block + 1) * kBlockN;
 
-    // K_j and V_j (this CTA's kv_load-th load, load's count)
-    int const kv_load = kv_loads;
-    kv_loads = kv_load + 1;
-    ss.pipelines.barrier_KV.wait(kv_load & 1);
+    wait_for_kv(ss, kv_loads);
 
     // ---- the steps of one m-block (bwd_step below chains them; most from the helpers above) ----
     // Per-iteration operand descriptors and per-thread smem addresses are rebuilt inside the
@@ -1270,8 +1319,7 @@ struct BwdMainloop {
 
     // kDeferLastdQSlice: the last dQ slice of a step, handed to the writer in the next one
     Tensor tdQrdQ_last = partition_fragment_C(tiled_mma_dQ, ShapedQAcc{});
-    // (copied out of the wgmma's accumulator: a GMMA-defined register read while the next
-    // step's wgmmas run made ptxas inject a full warpgroup.wait, C7517)
+    // (copied out of the accumulator: copy_out_of_accumulator)
     Tensor tdQrdQ_pending = make_tensor_like(tdQrdQ_last);
     bool dq_pending = false;
 
@@ -1342,40 +1390,21 @@ struct BwdMainloop {
       warpgroup_wait<0>();
       if constexpr (kDeferLastdQSlice) {
         warpgroup_fence_operand(tdQrdQ_last);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tdQrdQ_last); ++i) {
-          uint32_t bits;
-          asm volatile("mov.b32 %0, %1;" : "=r"(bits) : "r"(__float_as_uint(tdQrdQ_last(i))));
-          tdQrdQ_pending(i) = __uint_as_float(bits);
-        }
+        copy_out_of_accumulator(tdQrdQ_last, tdQrdQ_pending);
       }
       warpgroup_fence_operand(tdKrdK);
       pipeline_q.consumer_release(read_q);  // Q read by S and dK
       ++read_q;
     };
 
-    // Which iterations need the mask code. With a mask: the partial tiles (the classification
-    // folded the causal cut and the key tail in; empty tiles are skipped). Without: every
-    // iteration of the last (partial) key block, else the causal diagonal blocks
-    // [m_min, m_mask_end), whose rows are not all >= the block's last key.
-    int m_mask_end = m_min;
-    if (n_block_end > seqlen_k) {
-      m_mask_end = m_max;
-    } else if (is_causal) {
-      m_mask_end = cute::min(m_max, (n_block_end - 1 + kBlockM - 1) / kBlockM);
-    }
+    int const m_mask_end = unmasked_m_block_begin(n_block_end, seqlen_k, is_causal, m_min, m_max);
     // The same walk for each of this CTA's q heads (heads_per_cta > 1: a GQA group, dK / dV
     // summed over it here; the producer and the dQ writer take the heads in the same order).
     // The heads share the mask, if any (a per-head mask keeps one head per CTA).
     CUTLASS_PRAGMA_NO_UNROLL
     for (int heads_left = params.heads_per_cta; heads_left > 0; --heads_left) {
       if constexpr (kMasked) {
-        // The tile classes' row: its offset in tile_class is an int (computed once, one register;
-        // run() checks the tile grid fits), its address rebuilt from it where used (a 64-bit
-        // value live across the loop cost registers; the full index math per use cost ~25
-        // uniform instructions per step, ncu at d128 2k). Each step's class comes from the same
-        // load as the walk's (one class load per step, after the step: loads moved before the
-        // step's MMAs delayed them, branch class-prefetch).
+        // (the row's offset kept as an int: first_tile_index)
         int const row_offset = int(first_tile_index(params, n_block, bidh, bidb));
         auto classes = [&] { return params.tile_class + launder_int(row_offset); };
         int tile = classes()[m_first];
