@@ -204,9 +204,9 @@ void bind_operand(py::class_<dev::BwdProblem>& c, const char* name) {
   FWD_PTR_FIELD(name, T) FWD_FIELD(name##_batch_stride) FWD_FIELD(name##_head_stride) \
       FWD_FIELD(name##_row_stride)
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "torch_sm90_sdpa CUDA kernels (SM90 attention backward); torch-free";
-
+// The backward's call description and verdict: OperandLayout, BwdProblem, Decision,
+// can_implement, tma_addressable, WorkspaceLayout, workspace_layout.
+static void bind_problem(py::module_& m) {
   py::class_<dev::OperandLayout>(m, "OperandLayout")
       .def(py::init([](int64_t batch_stride, int64_t head_stride, int64_t row_stride,
                        int64_t col_stride, int address_align) {
@@ -328,7 +328,10 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("gqa", &dev::WorkspaceLayout::gqa)
       .def_readonly("heads_per_cta", &dev::WorkspaceLayout::heads_per_cta);
   m.def("workspace_layout", &dev::workspace_layout, py::arg("problem"));
+}
 
+// The backward's parameters and kernels: BwdPointers, make_params, BwdParams and the runs.
+static void bind_backward(py::module_& m) {
   py::class_<dev::BwdPointers>(m, "BwdPointers")
       .def(py::init([](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t out,
                        std::uintptr_t dout, std::uintptr_t lse, std::uintptr_t dq,
@@ -428,7 +431,10 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("params"), py::arg("stream"),
       "preprocess + main SM90 backward kernel + postprocess, on the given stream.");
+}
 
+// The forward: FwdParams, fwd_mask_workspace_bytes, run_fwd, its variants.
+static void bind_forward(py::module_& m) {
   py::class_<FwdParams>(m, "FwdParams")
       .def(py::init<>())
       FWD_FIELD(batch) FWD_FIELD(heads_q) FWD_FIELD(heads_kv) FWD_FIELD(seqlen_q) FWD_FIELD(seqlen_k)
@@ -472,6 +478,13 @@ PYBIND11_MODULE(_C, m) {
         "Whether the forward kernel for (head_dim, dtype code 0 fp16 / 1 bf16) is compiled.");
   m.def("compiled_fwd_variants", &dev::compiled_fwd_variants,
         "[(dtype name, head dim), ...] with a forward kernel.");
+}
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_sm90_sdpa CUDA kernels (SM90 attention backward and forward); torch-free";
+  bind_problem(m);
+  bind_backward(m);
+  bind_forward(m);
 
   m.def("register_torch_ops", &sm90_sdpa::torch_op::register_ops, py::arg("libtorch_cpu"),
         py::arg("libtorch_cuda"), py::arg("cuda_kernel") = true, py::arg("probe") = false,
