@@ -21,7 +21,6 @@ from .ops import EagerSdpa
 log = logging.getLogger("torch_sm90_sdpa")
 
 
-@torch.compiler.assume_constant_result
 def _kernel_verdict_of(dtype, head_dim, head_dim_v, heads_q, heads_kv, device,
                        deterministic) -> str | None:
     """eligibility.kernel_verdict on the call's device. A constant to torch.compile: Dynamo
@@ -30,6 +29,12 @@ def _kernel_verdict_of(dtype, head_dim, head_dim_v, heads_q, heads_kv, device,
     drop-in, e.g. through transformers' attention interface)."""
     return eligibility.kernel_verdict(dtype, head_dim, head_dim_v, heads_q, heads_kv,
                                       eligibility.device_capability(device), deterministic)
+
+
+# What torch.compiler.assume_constant_result does (torch 2.9 to 2.13), without importing
+# torch._dynamo, and with it torch._inductor, at package import (tests/test_autoload.py;
+# tests/test_compile_routing.py checks that Dynamo takes the mark)
+_kernel_verdict_of._dynamo_marked_constant = True
 
 
 def _cuda_unservable_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
