@@ -137,7 +137,8 @@ def main():
         commit = os.environ.get("GIT_COMMIT") or subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(args.json, "w") as f:
-            json.dump({"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            json.dump({"meta": {"bench": "bench_fwd", "device": torch.cuda.get_device_name(),
+                                "torch": torch.__version__,
                                 "commit": commit, "command": " ".join(sys.argv)},
                        "rows": rows}, f, indent=1)
 

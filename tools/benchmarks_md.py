@@ -81,6 +81,8 @@ def select(runs):
     pairs, masks = {}, []
     for path in runs:
         meta = _load(path)["meta"]
+        if "/bench_fwd_" in path:  # the forward gate's rows: the "Forward" section shows them
+            continue
         if meta["bench"] == "bench_masks":
             masks.append(path)
             continue
@@ -237,7 +239,9 @@ def render(runs=None) -> str:
                   "under causal masking), bf16, 16k tokens per batch; the mask columns take the "
                   "causal mask as a bool [B, 1, S, S] tensor (ours and cuDNN) or as a bias of 0 "
                   "and the dtype's minimum (ours). The `sdpa` op and the drop-in run ours for "
-                  "boolean masks only.", ""]
+                  "boolean masks only; the forward speed gate of `enable(forward=True)` reads "
+                  "the files `speed_table_runs.txt` lists (`FORWARD_ROWS`: cuDNN's masked "
+                  "time over ours for a mask that hides nothing, tools/speed_table.py).", ""]
         for path in fwd:
             lines += fwd_table(path) + [""]
     steps = _results("bench_transformers_")
