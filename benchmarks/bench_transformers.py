@@ -3,7 +3,8 @@
 Unpatched transformers with attn_implementation="sdpa": under torch.compile it materializes its
 causal mask, so SDPA runs cuDNN's masked kernels; with enable() the masked backward nodes run our
 op, which skips the masked tiles. A step is forward + backward + SGD update of a bf16 model, no
-attention_mask passed (or, with --padded, half of the batch right-padded to half its length).
+attention_mask passed (or, with --padded, half of the batch right-padded to half its length; with
+--ones, an attention_mask of ones: a graph input, so no mask can be proved causal).
 Both variants are compiled in the same process (caches off); their steps are interleaved and the
 median step time is reported.
 
@@ -15,11 +16,13 @@ Configurations (4 layers, hidden 2048, vocab 32000, intermediate 5632, Llama):
   d64   32 q / 8 kv heads of 64,  batch 4, 4096 tokens
   d128  16 q / 4 kv heads of 128, batch 2, 8192 tokens
 
-    python benchmarks/bench_transformers.py [--configs d64,d128] [--steps 10] [--padded]
-                                            [--interface] [--force] [--profile]
+    python benchmarks/bench_transformers.py [--configs d64,d128] [--steps 10] [--padded | --ones]
+                                            [--interface] [--forward] [--force] [--profile]
 
---force routes with enable(only_faster=False) (masked calls too); --profile prints, per variant,
-the CUDA kernels of one step that took the most time (torch.profiler).
+--force routes with enable(only_faster=False) (masked calls too); --forward adds the variant
+"routed+forward", enable(forward=True): forward nodes routed with their backward
+(torch_sm90_sdpa/forward_pass.py); --profile prints, per variant, the CUDA kernels of one step
+that took the most time (torch.profiler).
 """
 import argparse
 import copy
@@ -104,11 +107,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="d64,d128")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--padded", action="store_true")
+    masks = ap.add_mutually_exclusive_group()
+    masks.add_argument("--padded", action="store_true")
+    masks.add_argument("--ones", action="store_true", help="an attention_mask of ones")
     ap.add_argument("--json")
     ap.add_argument("--interface", action="store_true",
                     help='also attn_implementation="sm90_sdpa", eager and compiled')
     ap.add_argument("--force", action="store_true", help="enable(only_faster=False)")
+    ap.add_argument("--forward", action="store_true",
+                    help='also "routed+forward": enable(forward=True)')
     ap.add_argument("--profile", action="store_true", help="top CUDA kernels of one step")
     args = ap.parse_args()
     import transformers
@@ -123,8 +130,9 @@ def main():
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(0, 32000, (c["batch"], c["seq"]), generator=g).cuda()
         attention_mask = None
-        if args.padded:
+        if args.padded or args.ones:
             attention_mask = torch.ones_like(ids)
+        if args.padded:
             attention_mask[1::2, c["seq"] // 2:] = 0
         steps = {}
         t0 = time.time()
@@ -138,6 +146,13 @@ def main():
                                       attention_mask)
             steps["routed"]()
         stats = torch_sm90_sdpa.routing_stats(reset=True)
+        forward_stats = None
+        if args.forward:
+            with torch_sm90_sdpa.enable(only_faster=not args.force, forward=True):
+                steps["routed+forward"] = step_fn(compiled_loss("routed+forward"),
+                                                  copy.deepcopy(base), ids, attention_mask)
+                steps["routed+forward"]()
+            forward_stats = torch_sm90_sdpa.routing_stats(reset=True)
         if args.interface:  # the attention interface: no routing switch, eager and compiled
             ours = copy.deepcopy(base)
             ours.config._attn_implementation = "sm90_sdpa"
@@ -150,21 +165,31 @@ def main():
             steps["compiled sm90_sdpa"]()
         compile_s = time.time() - t0
         med = time_interleaved(steps, args.steps, warmup=1)
-        row = dict(config=name, **c, padded=args.padded, stock_ms=med["stock"],
+        row = dict(config=name, **c, padded=args.padded, ones=args.ones, stock_ms=med["stock"],
                    routed_ms=med["routed"], speedup=med["stock"] / med["routed"],
                    routed_nodes=stats["routed_nodes"], not_routed=stats["not_routed"],
                    causal_masks=stats.get("causal_masks"),
                    compile_s=compile_s)
+        if forward_stats is not None:
+            row.update(forward_ms=med["routed+forward"],
+                       forward_speedup=med["stock"] / med["routed+forward"],
+                       routed_forward_nodes=forward_stats["routed_forward_nodes"],
+                       forward_not_routed=forward_stats["forward_not_routed"],
+                       forward_routed_nodes=forward_stats["routed_nodes"])
         if args.interface:
             row.update(eager_sdpa_ms=med["eager sdpa"], eager_sm90_sdpa_ms=med["eager sm90_sdpa"],
                        eager_speedup=med["eager sdpa"] / med["eager sm90_sdpa"],
                        compiled_sm90_sdpa_ms=med["compiled sm90_sdpa"],
                        interface_speedup=med["stock"] / med["compiled sm90_sdpa"])
         results.append(row)
-        print(f"{name}: {c}, padded={args.padded}: step stock {med['stock']:.1f} ms, routed "
+        print(f"{name}: {c}, padded={args.padded}, ones={args.ones}: step stock {med['stock']:.1f} ms, routed "
               f"{med['routed']:.1f} ms, speedup {row['speedup']:.3f}x; routed nodes "
               f"{stats['routed_nodes']}, not routed {stats['not_routed']}, causal masks "
               f"{stats.get('causal_masks')} (compile {compile_s:.0f} s)", flush=True)
+        if forward_stats is not None:
+            print(f"  enable(forward=True): {row['forward_ms']:.1f} ms, "
+                  f"{row['forward_speedup']:.3f}x stock; forward nodes routed "
+                  f"{row['routed_forward_nodes']}, kept {row['forward_not_routed']}", flush=True)
         if args.interface:
             print(f"  attn_implementation=\"sm90_sdpa\": eager {row['eager_sm90_sdpa_ms']:.1f} ms "
                   f"against eager sdpa {row['eager_sdpa_ms']:.1f} ms ({row['eager_speedup']:.3f}x); "

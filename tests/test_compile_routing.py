@@ -118,6 +118,23 @@ class MixedAttention(nn.Module):
         return self.head(self.blk1(self.blk0(self.embed(tokens)), ctx))
 
 
+def tiny_llama_padded(transformers):
+    """A tiny transformers Llama (GQA, attn_implementation="sdpa"), a copy of it, and a batch
+    whose second sequence is right-padded: (model, stock, ids, attention_mask, labels)."""
+    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(6)
+    model = transformers.LlamaForCausalLM(cfg)
+    stock = transformers.LlamaForCausalLM(cfg)
+    stock.load_state_dict(model.state_dict())
+    ids = torch.randint(0, 100, (2, 24))
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, 15:] = 0
+    return model, stock, ids, attention_mask, ids.masked_fill(attention_mask == 0, -100)
+
+
 class TestCpuRoute(CompileTestCase):
     def test_transformer_backward_runs_our_op(self):
         torch.manual_seed(0)
@@ -256,18 +273,7 @@ torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sd
 
         self.recorder = FlagsRecorder()
         torch._inductor.config.post_grad_custom_post_pass = self.recorder
-        cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
-                                       num_hidden_layers=2, num_attention_heads=4,
-                                       num_key_value_heads=2, head_dim=16)
-        cfg._attn_implementation = "sdpa"
-        torch.manual_seed(6)
-        model = transformers.LlamaForCausalLM(cfg)
-        stock = transformers.LlamaForCausalLM(cfg)
-        stock.load_state_dict(model.state_dict())
-        ids = torch.randint(0, 100, (2, 24))
-        attention_mask = torch.ones_like(ids)
-        attention_mask[1, 15:] = 0
-        labels = ids.masked_fill(attention_mask == 0, -100)
+        model, stock, ids, attention_mask, labels = tiny_llama_padded(transformers)
         torch_sm90_sdpa.enable(cpu=True)
         compiled = torch.compile(model)
         compiled(input_ids=ids, attention_mask=attention_mask, labels=labels).loss.backward()
@@ -668,7 +674,7 @@ class TestSwitch(unittest.TestCase):
 
     def test_enable_as_context_manager_restores(self):
         self.assertFalse(routing.is_enabled())
-        on = dict(enabled=True, only_faster=True, causal_masks=True)
+        on = dict(enabled=True, only_faster=True, causal_masks=True, forward=False)
         with torch_sm90_sdpa.enable(cpu=True):
             self.assertEqual(routing.routing_options(), dict(on, cpu=True))
             with torch_sm90_sdpa.enable(causal_masks=False):
@@ -676,7 +682,7 @@ class TestSwitch(unittest.TestCase):
                 self.assertIsNone(torch._inductor.config.joint_custom_pre_pass)
             self.assertEqual(routing.routing_options(), dict(on, cpu=True))
         self.assertEqual(routing.routing_options(), dict(enabled=False, cpu=False, only_faster=True,
-                                                         causal_masks=False))
+                                                         causal_masks=False, forward=False))
         self.assertIsNone(torch._inductor.config.joint_custom_pre_pass)
 
     def test_user_pass_still_runs(self):
@@ -748,7 +754,7 @@ class TestSwitch(unittest.TestCase):
     def test_env_var(self):
         self.assertIsNone(routing.apply_env("0"))
         self.assertFalse(routing.is_enabled())
-        on = dict(enabled=True, causal_masks=True)
+        on = dict(enabled=True, causal_masks=True, forward=False)
         routing.apply_env("cpu")
         self.assertEqual(routing.routing_options(), dict(on, cpu=True, only_faster=True))
         routing.disable()

@@ -285,12 +285,12 @@ def test_deterministic_training_is_bitwise_repeatable(compile_env, monkeypatch):
     check_against_stock(losses0, grads0, ref_losses, ref_grads)
 
 
-def _llama(transformers, seed):
+def _llama(transformers, seed, max_positions=1024):
     heads, kv_heads = 4, 2
     kwargs = dict(vocab_size=1000, hidden_size=heads * HEAD_DIM,
                   intermediate_size=2 * heads * HEAD_DIM, num_hidden_layers=2,
                   num_attention_heads=heads, num_key_value_heads=kv_heads,
-                  max_position_embeddings=1024, head_dim=HEAD_DIM)
+                  max_position_embeddings=max_positions, head_dim=HEAD_DIM)
     try:
         config = transformers.LlamaConfig(attn_implementation="sdpa", **kwargs)
     except TypeError:
@@ -393,9 +393,8 @@ def test_transformers_llama_padded_batch(compile_env):
     _masked_model_routes(compile_env, model, ids, attention_mask)
 
 
-def test_transformers_sliding_window(compile_env):
-    """A Mistral-style config with a sliding window shorter than the sequence."""
-    transformers = pytest.importorskip("transformers")
+def _mistral_sliding_window(transformers, seed):
+    """A Mistral-style model with a sliding window (96) shorter than _ids' sequences."""
     heads, kv_heads = 4, 2
     kwargs = dict(vocab_size=1000, hidden_size=heads * HEAD_DIM,
                   intermediate_size=2 * heads * HEAD_DIM, num_hidden_layers=2,
@@ -406,6 +405,81 @@ def test_transformers_sliding_window(compile_env):
     except TypeError:
         config = transformers.MistralConfig(**kwargs)
     config._attn_implementation = "sdpa"
-    torch.manual_seed(5)
-    model = transformers.MistralForCausalLM(config).cuda()
-    _masked_model_routes(compile_env, model, _ids(config.vocab_size, seed=5), None)
+    torch.manual_seed(seed)
+    return transformers.MistralForCausalLM(config).cuda()
+
+
+def test_transformers_sliding_window(compile_env):
+    """A Mistral-style config with a sliding window shorter than the sequence."""
+    transformers = pytest.importorskip("transformers")
+    model = _mistral_sliding_window(transformers, seed=5)
+    _masked_model_routes(compile_env, model, _ids(model.config.vocab_size, seed=5), None)
+
+
+# ---------------------------------------------------------------------------------------
+# forward nodes (enable(forward=True), torch_sm90_sdpa/forward_pass.py)
+# ---------------------------------------------------------------------------------------
+
+OURS_FORWARD = "torch_sm90_sdpa.sdpa_forward.default"
+
+
+def _forward_routes(compile_env, model, ids, attention_mask, steps=2, only_faster=False):
+    """Unpatched transformers with its mask: the forward nodes go to our sdpa_forward with the
+    boolean mask behind SDPA's bias, each with its backward; losses and gradients match
+    uncompiled stock."""
+    recorder = compile_env
+    stock = copy.deepcopy(model)
+    ref_losses, ref_grads = _train_lm_masked(stock, ids, attention_mask, steps)
+    with torch_sm90_sdpa.enable(only_faster=only_faster, forward=True):
+        losses, grads = _train_lm_masked(torch.compile(model), ids, attention_mask, steps)
+    ops = [op for g in recorder.graphs for op in g]
+    stats = torch_sm90_sdpa.routing_stats()
+    layers = model.config.num_hidden_layers
+    assert ops.count(OURS_FORWARD) >= layers and ops.count(OURS) >= layers, (ops, stats)
+    assert not [op for op in ops if "_scaled_dot_product_" in op], (ops, stats)
+    assert stats["forward_not_routed"] == {} and stats["not_routed"] == {}, stats
+    assert sum(stats["routed_forward_nodes"].values()) >= layers, stats
+    check_against_stock(losses, grads, ref_losses, ref_grads)
+    return stats
+
+
+def test_forward_routed_llama_padded_batch(compile_env):
+    transformers = pytest.importorskip("transformers")
+    model = _llama(transformers, seed=4)
+    ids = _ids(model.config.vocab_size, seed=4)
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, 190:] = 0
+    _forward_routes(compile_env, model, ids, attention_mask)
+
+
+def test_forward_routed_sliding_window(compile_env):
+    transformers = pytest.importorskip("transformers")
+    model = _mistral_sliding_window(transformers, seed=5)
+    ids = _ids(model.config.vocab_size, seed=5)
+    attention_mask = torch.ones_like(ids)
+    attention_mask[0, :40] = 0  # left padding
+    _forward_routes(compile_env, model, ids, attention_mask)
+
+
+def test_forward_routed_by_the_default_gate_and_inference(compile_env):
+    """enable(forward=True)'s gate routes a masked cuDNN forward from 2048 keys; a forward-only
+    compile (no_grad) of the same model runs our forward alone and matches stock."""
+    transformers = pytest.importorskip("transformers")
+    model = _llama(transformers, seed=6, max_positions=2048)
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, model.config.vocab_size, (1, 2048), generator=g).cuda()
+    attention_mask = torch.ones_like(ids)
+    attention_mask[0, 1800:] = 0
+    stats = _forward_routes(compile_env, model, ids, attention_mask, steps=1, only_faster=True)
+    assert "cudnn" in stats["routed_forward_nodes"], stats
+    torch._dynamo.reset()
+    torch_sm90_sdpa.routing_stats(reset=True)
+    model.eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        want = model(input_ids=ids, attention_mask=attention_mask).logits
+        with torch_sm90_sdpa.enable(forward=True):
+            got = torch.compile(model)(input_ids=ids, attention_mask=attention_mask).logits
+    stats = torch_sm90_sdpa.routing_stats()
+    assert stats["routed_forward_nodes"].get("cudnn", 0) >= model.config.num_hidden_layers, stats
+    keep = attention_mask[0].bool()
+    assert rel_err(got[0, keep], want[0, keep]) < 2e-2

@@ -90,7 +90,9 @@ def _routing_in_words(options: dict, env) -> str:
         if options["cpu"]:
             what += ", and CPU calls (to the CPU reference)"
         masks = "; provably causal masks are dropped" if options["causal_masks"] else ""
-        text = f"Routing: on, for {what}{masks}"
+        forward = ("; forward nodes too, with their backward" if options.get("forward")
+                   else "; forward nodes stay on stock")
+        text = f"Routing: on, for {what}{masks}{forward}"
     else:
         text = "Routing: off"
     env_text = f"{routing.ENV_VAR} is not set" if env is None else f"{routing.ENV_VAR}={env!r}"

@@ -28,24 +28,21 @@ mask keeps a key, and exp(s - 65504 - rowmax) is 0) unless the scores of a row s
 more than about 65400, where cuDNN's fill itself departs from SDPA's semantics and from the
 other backends.
 
-    CausalMaskPass: the CustomGraphPass that routing.enable() installs as
-                    torch._inductor.config.joint_custom_pre_pass (chained with the user's)
-    drop_causal_masks(graph) -> [(node name, "dropped" | reason)]
+    drop_causal_masks(graph) -> [(node name, "dropped" | reason)]: what the joint-graph pass
+        (forward_pass.JointGraphRewrite, which routing.enable() installs as
+        torch._inductor.config.joint_custom_pre_pass) runs first
 """
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import operator
-import os
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.fx
-from torch._inductor import custom_graph_pass as _cgp
 
-from .compile_pass import bind_args, run_user_passes, source_hash, user_passes_uuid
+from .compile_pass import bind_args
 from .reference import causal_mask
 
 log = logging.getLogger("torch_sm90_sdpa")
@@ -285,25 +282,3 @@ def _prove(mask: torch.fx.Node, users: list) -> str:
     except Exception as exc:  # a plugin must never break a compile
         return f"kept: could not evaluate ({type(exc).__name__})"
     return "dropped" if same else f"kept: {why}"
-
-
-class CausalMaskPass(_cgp.CustomGraphPass):
-    """Joint-graph pass: drops provably causal masks, then runs the user's pass(es)."""
-
-    def __init__(self, user_pass: Any = None):
-        self.user_pass = user_pass
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        try:
-            drop_causal_masks(graph)
-        except Exception as exc:  # never break a compile
-            log.warning("causal-mask pass skipped: %s: %s", type(exc).__name__, exc)
-        run_user_passes(self.user_pass, graph)
-
-    def uuid(self) -> Optional[str]:
-        user_uuid, cacheable = user_passes_uuid(self.user_pass)
-        if not cacheable:
-            return None  # Inductor bypasses its cache for a pass without uuid; so do we
-        return "torch_sm90_sdpa-causal-" + hashlib.sha256(repr((
-            source_hash((os.path.abspath(__file__),)), MAX_EVAL_ELEMENTS, user_uuid,
-        )).encode()).hexdigest()

@@ -279,16 +279,53 @@ def _outer_to_inner(t: torch.Tensor) -> Optional[list]:
 
 
 class _Plan:
-    """The new nodes of one replacement, computed on fake tensors before touching the graph."""
+    """New nodes computed on fake tensors before the graph is touched: each step's target,
+    arguments (("ref", key) for a step of this plan, ("node", n) for a graph node, constants),
+    value, and the node it is inserted before (`anchor`, set by the caller per group of steps)."""
 
-    def __init__(self):
-        # (key, target, args (with ("ref", key) / ("node", n)), kwargs, val, input vals)
+    def __init__(self, fake_mode, anchor: torch.fx.Node):
+        self.fake_mode = fake_mode
+        self.anchor = anchor
+        # (key, target, args, kwargs, val, input vals, anchor)
         self.steps: list = []
-        self.outputs: dict = {}  # index -> key of the node that replaces output `index`
+        self.vals: dict = {}
+        self.outputs: dict = {}  # backward output index -> key of the step that replaces it
 
-    def add(self, key, target, args, kwargs, val, input_vals):
-        self.steps.append((key, target, args, kwargs, val, input_vals))
+    def val_of(self, x):
+        if isinstance(x, tuple) and len(x) == 2 and x[0] == "ref":
+            return self.vals[x[1]]
+        if isinstance(x, tuple) and len(x) == 2 and x[0] == "node":
+            return x[1].meta["val"]
+        return x
+
+    def add(self, key, target, args, kwargs=None) -> tuple:
+        kwargs = kwargs or {}
+        arg_vals = [self.val_of(x) for x in args]
+        kwarg_vals = {k: self.val_of(x) for k, x in kwargs.items()}
+        v = _run_fake(self.fake_mode, target, arg_vals, kwarg_vals)
+        self.vals[key] = v
+        self.steps.append((key, target, args, kwargs, v, (tuple(arg_vals), kwarg_vals),
+                           self.anchor))
         return ("ref", key)
+
+    def keep_layout(self, key: str, want, prefix: str) -> tuple[Optional[str], str]:
+        """(the key of a step giving `key`'s value in `want`'s shape and strides, "") or (None,
+        why not): `key` itself, or a copy (permute -> contiguous clone -> inverse permute)."""
+        if want is None or _same_layout(self.vals[key], want):
+            return key, ""
+        perm = _outer_to_inner(want)
+        if perm is None:
+            return None, f"{prefix} layout {tuple(want.stride())} is not static"
+        inverse = [perm.index(d) for d in range(len(perm))]
+        p = self.add(f"{prefix} perm", aten.permute.default, [("ref", key), perm])
+        c = self.add(f"{prefix} clone", aten.clone.default, [p],
+                     {"memory_format": torch.contiguous_format})
+        self.add(f"{prefix} fixed", aten.permute.default, [c, inverse])
+        got = self.vals[f"{prefix} fixed"]
+        if not _same_layout(got, want):
+            return None, (f"{prefix}: cannot rebuild the stock layout {tuple(want.stride())} "
+                          f"(got {tuple(got.stride())})")
+        return f"{prefix} fixed", ""
 
 
 def _run_fake(fake_mode, target, args, kwargs):
@@ -298,62 +335,56 @@ def _run_fake(fake_mode, target, args, kwargs):
         return target(*args, **kwargs)
 
 
-def _plan(node, backend, call, nodes, scale, fake_mode) -> tuple[Optional[_Plan], str]:
-    plan = _Plan()
-    vals = {}
-
-    def val_of(x):
-        if isinstance(x, tuple) and len(x) == 2 and x[0] == "ref":
-            return vals[x[1]]
-        if isinstance(x, tuple) and len(x) == 2 and x[0] == "node":
-            return x[1].meta["val"]
+def _as_arg(x):
+    """A plan argument: a step reference as it is, a graph node as ("node", n)."""
+    if isinstance(x, tuple) and len(x) == 2 and x[0] == "ref":
         return x
+    return ("node", x)
 
-    def add(key, target, args, kwargs=None):
-        kwargs = kwargs or {}
-        arg_vals = [val_of(x) for x in args]
-        kwarg_vals = {k: val_of(x) for k, x in kwargs.items()}
-        v = _run_fake(fake_mode, target, arg_vals, kwarg_vals)
-        vals[key] = v
-        return plan.add(key, target, args, kwargs, v, (tuple(arg_vals), kwarg_vals))
 
-    lse = ("node", nodes["lse"])
-    if backend == "cudnn":
-        lse = add("lse", aten.select.int, [lse, 3, 0])
+def _plan(node, backend, call, nodes, scale, fake_mode, plan: Optional[_Plan] = None,
+          lse_ready: bool = False) -> tuple[Optional[_Plan], str]:
+    """The steps replacing backward node `node` by our op (added to `plan` if given). nodes:
+    its inputs by name (graph nodes, or references to steps of `plan`). lse_ready: nodes["lse"]
+    is already our [B, H, Sq] logsumexp (the forward rewrite's), not the backend's."""
+    if plan is None:
+        plan = _Plan(fake_mode, node)
+    plan.anchor = node
+    lse = _as_arg(nodes["lse"])
+    if lse_ready:
+        pass
+    elif backend == "cudnn":
+        lse = plan.add("lse", aten.select.int, [lse, 3, 0])
     elif backend == "efficient":
         sq = call.q.size(2)
         if not statically_known_true(call.lse.size(2) == sq):
             if isinstance(sq, torch.SymInt):
-                sq = add("seqlen_q", aten.sym_size.int, [("node", nodes["q"]), 2])
-            lse = add("lse", aten.slice.Tensor, [lse, 2, 0, sq])
+                sq = plan.add("seqlen_q", aten.sym_size.int, [_as_arg(nodes["q"]), 2])
+            lse = plan.add("lse", aten.slice.Tensor, [lse, 2, 0, sq])
 
-    args = [("node", nodes[n]) for n in ("grad_out", "q", "k", "v", "out")]
+    args = [_as_arg(nodes[n]) for n in ("grad_out", "q", "k", "v", "out")]
     args += [lse, call.is_causal, scale, call.deterministic]
     if nodes.get("mask") is not None:
-        args.append(("node", nodes["mask"]))
-    op_ref = add("op", OUR_OP, args)
+        args.append(_as_arg(nodes["mask"]))
+    op_ref = plan.add("op", OUR_OP, args)
     old_vals = node.meta.get("val")
     for i in range(3):
-        got = add(f"out{i}", operator.getitem, [op_ref, i])
+        plan.add(f"out{i}", operator.getitem, [op_ref, i])
         want = old_vals[i] if isinstance(old_vals, (tuple, list)) else None
-        if want is None or _same_layout(vals[f"out{i}"], want):
-            plan.outputs[i] = f"out{i}"
-            continue
-        perm = _outer_to_inner(want)
-        if perm is None:
-            return None, f"output {i} layout {tuple(want.stride())} is not static"
-        inverse = [perm.index(d) for d in range(len(perm))]
-        p = add(f"perm{i}", aten.permute.default, [got, perm])
-        c = add(f"clone{i}", aten.clone.default, [p], {"memory_format": torch.contiguous_format})
-        add(f"fixed{i}", aten.permute.default, [c, inverse])
-        if not _same_layout(vals[f"fixed{i}"], want):
-            return None, (f"output {i}: cannot rebuild the stock layout {tuple(want.stride())} "
-                          f"(got {tuple(vals[f'fixed{i}'].stride())})")
-        plan.outputs[i] = f"fixed{i}"
+        key, why = plan.keep_layout(f"out{i}", want, f"output {i}")
+        if key is None:
+            return None, why
+        plan.outputs[i] = key
     return plan, ""
 
 
-def _apply(graph: torch.fx.Graph, node: torch.fx.Node, plan: _Plan, users: dict) -> torch.fx.Node:
+# Our ops: Inductor pins their inputs' layouts (eager_input_vals) when a pass inserts them.
+_PINNED_OPS = (OUR_OP, torch.ops.torch_sm90_sdpa.sdpa_forward.default)
+
+
+def insert_plan(graph: torch.fx.Graph, plan: _Plan) -> dict:
+    """Insert the plan's steps, each before its anchor node (whose metadata it inherits);
+    returns {key: new node}."""
     created: dict = {}
 
     def resolve(x):
@@ -365,39 +396,72 @@ def _apply(graph: torch.fx.Graph, node: torch.fx.Node, plan: _Plan, users: dict)
             return [resolve(y) for y in x]
         return x
 
-    with graph.inserting_before(node):
-        for key, target, args, kwargs, val, input_vals in plan.steps:
+    for key, target, args, kwargs, val, input_vals, anchor in plan.steps:
+        with graph.inserting_before(anchor):
             new = graph.call_function(target, tuple(resolve(a) for a in args),
                                       {k: resolve(v) for k, v in kwargs.items()})
-            new.meta["val"] = val
-            if target is OUR_OP:
-                # Inductor constrains a custom op's inputs to exact strides only when the node
-                # has eager_input_vals (nodes inserted by a pass otherwise get whatever layout
-                # Inductor picks): these are the layouts the policy checked.
-                new.meta["eager_input_vals"] = input_vals
-            for m in ("stack_trace", "nn_module_stack", "seq_nr", "from_node"):
-                if m in node.meta:
-                    new.meta[m] = node.meta[m]
-            created[key] = new
+        new.meta["val"] = val
+        if target in _PINNED_OPS:
+            # Inductor constrains a custom op's inputs to exact strides only when the node
+            # has eager_input_vals (nodes inserted by a pass otherwise get whatever layout
+            # Inductor picks): these are the layouts the policy checked.
+            new.meta["eager_input_vals"] = input_vals
+        for m in ("stack_trace", "nn_module_stack", "seq_nr", "from_node"):
+            if m in anchor.meta:
+                new.meta[m] = anchor.meta[m]
+        created[key] = new
+    return created
+
+
+def replace_outputs(graph: torch.fx.Graph, node: torch.fx.Node, users: dict,
+                    replacement: dict) -> None:
+    """Point the users of `node`'s getitems ({index: [getitem]}) at replacement[index] (an
+    index without replacement must be unused), then erase the getitems and `node`."""
     for idx, getitems in users.items():
         for g in getitems:
-            if idx < 3:
-                g.replace_all_uses_with(created[plan.outputs[idx]])
+            if idx in replacement:
+                g.replace_all_uses_with(replacement[idx])
             graph.erase_node(g)
     graph.erase_node(node)
+
+
+def _apply(graph: torch.fx.Graph, node: torch.fx.Node, plan: _Plan, users: dict) -> torch.fx.Node:
+    created = insert_plan(graph, plan)
+    replace_outputs(graph, node, users, {i: created[k] for i, k in plan.outputs.items()})
     return created["op"]
+
+
+def record_decision(counts: collections.Counter, stock_op, our_op: str, backend: str,
+                    decision: policy.Decision, description: str, what: str = "") -> None:
+    """Count a decision ({("routed", backend) | ("not routed", reason): n}) and log it: routed
+    and not-routed CUDA nodes at INFO, CPU nodes with the CPU route off at DEBUG."""
+    op_name = str(stock_op).replace(".default", "")
+    if decision.routed:
+        counts[("routed", backend)] += 1
+        log.info("routed %s (%s) -> %s", op_name, description, our_op)
+    else:
+        counts[("not routed", decision.reason)] += 1
+        level = logging.DEBUG if decision.reason == policy.R_CPU_ROUTE_OFF else logging.INFO
+        log.log(level, "%snot routed: %s (%s): %s", what, op_name, description, decision.detail)
 
 
 def _record(backend: str, decision: policy.Decision, description: str, cpu_route: bool) -> None:
     recent_decisions.append((backend, decision, description))
-    op_name = str(policy.STOCK_BACKWARD_OPS[backend]).replace(".default", "")
-    if decision.routed:
-        decision_counts[("routed", backend)] += 1
-        log.info("routed %s (%s) -> torch_sm90_sdpa.sdpa_backward", op_name, description)
-    else:
-        decision_counts[("not routed", decision.reason)] += 1
-        level = logging.DEBUG if decision.reason == policy.R_CPU_ROUTE_OFF else logging.INFO
-        log.log(level, "not routed: %s (%s): %s", op_name, description, decision.detail)
+    record_decision(decision_counts, policy.STOCK_BACKWARD_OPS[backend],
+                    "torch_sm90_sdpa.sdpa_backward", backend, decision, description)
+
+
+def stock_nodes(graph: torch.fx.Graph, backend_by_target: dict) -> list:
+    """[(node, backend)] of the graph's nodes whose target is a key of backend_by_target (a
+    list: the caller may rewrite the graph while walking it)."""
+    return [(n, backend_by_target[n.target]) for n in graph.nodes
+            if n.op == "call_function" and n.target in backend_by_target]
+
+
+def unreadable(exc: Exception) -> policy.Decision:
+    """The decision for a node the pass could not read: it stays as it is."""
+    return policy.Decision(False, policy.R_SHAPES,
+                           f"could not read the node: {type(exc).__name__}: {exc}")
 
 
 def rewrite_graph(graph: torch.fx.Graph, *, cpu_route: bool = False,
@@ -406,18 +470,13 @@ def rewrite_graph(graph: torch.fx.Graph, *, cpu_route: bool = False,
 
     Returns [(backend, Decision)] for every stock backward node seen."""
     results = []
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in _BACKEND_BY_TARGET:
-            continue
-        backend = _BACKEND_BY_TARGET[node.target]
+    for node, backend in stock_nodes(graph, _BACKEND_BY_TARGET):
         try:
             call, nodes = _describe_node(node, backend)
             description = policy.describe(call) if call.q is not None else backend
             decision = policy.decide(call, cpu_route=cpu_route, only_faster=only_faster)
         except Exception as exc:  # a plugin must never break a compile
-            call, decision, description = None, policy.Decision(
-                False, policy.R_SHAPES, f"could not read the node: {type(exc).__name__}: {exc}"
-            ), backend
+            call, decision, description = None, unreadable(exc), backend
         users = _output_users(node) if decision.routed else None
         if decision.routed and users is None:
             decision = policy.Decision(False, policy.R_OUTPUTS,

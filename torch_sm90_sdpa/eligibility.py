@@ -55,6 +55,13 @@ STOCK_BACKWARD_OPS = {
     "cpu_flash": aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
 }
 CUDA_BACKENDS = ("cudnn", "flash", "efficient")
+# The stock forward ops, by the same names (the joint-graph rewrite, forward_pass.py).
+STOCK_FORWARD_OPS = {
+    "cudnn": aten._scaled_dot_product_cudnn_attention.default,
+    "flash": aten._scaled_dot_product_flash_attention.default,
+    "efficient": aten._scaled_dot_product_efficient_attention.default,
+    "cpu_flash": aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
 
 # Reasons a call is not routed (stable strings: the keys of the not-routed counts).
 R_CPU_ROUTE_OFF = "CPU route off"
@@ -78,6 +85,8 @@ R_LSE = "unexpected logsumexp"
 R_SCALE = "scale not a constant"
 R_OUTPUTS = "unsupported outputs used"
 R_LAYOUT = "output layout not reproducible"
+R_DEBUG_MASK = "debug attention weights asked"  # the forward node returns its softmax
+R_BACKWARD_KEPT = "its backward stays on stock"  # the forward follows its backward's decision
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -115,8 +124,20 @@ class TensorSpec:
         return self.offset
 
 
+class _CallOnQuery:
+    """What a described call says of itself: its device (the query's), whether it has a mask."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def has_mask(self) -> bool:
+        return self.mask is not None
+
+
 @dataclass
-class AttentionBackwardCall:
+class AttentionBackwardCall(_CallOnQuery):
     """One stock SDPA backward call, as the rewrite sees it in a graph."""
 
     backend: str  # a key of STOCK_BACKWARD_OPS
@@ -134,14 +155,6 @@ class AttentionBackwardCall:
     nested: bool = False  # cum_seq_q / cum_seq_k given
     deterministic: bool = False
     extra: dict = field(default_factory=dict)
-
-    @property
-    def device(self) -> torch.device:
-        return self.q.device
-
-    @property
-    def has_mask(self) -> bool:
-        return self.mask is not None
 
 
 @dataclass(frozen=True)
@@ -391,14 +404,12 @@ def kernel_verdict(dtype, head_dim, head_dim_v, heads_q, heads_kv, capability,
     return None if d.routed else f"{d.reason}: {d.detail}"
 
 
-def eligible(call: AttentionBackwardCall, *, cpu_route: bool = False) -> Decision:
-    """Whether ``torch_sm90_sdpa::sdpa_backward`` can serve this call (the CPU reference for
-    the CPU node when cpu_route, else the SM90 kernels); the speed gate is
-    :func:`torch_sm90_sdpa.speed_gate.faster_than_stock`."""
-    backend = call.backend
-    if backend not in STOCK_BACKWARD_OPS:
+def _route_reason(backend: str, ops: dict, device: torch.device,
+                  cpu_route: bool) -> Optional[Decision]:
+    """Why a node of this backend on this device has no route (None: it has one): the CPU
+    node needs the CPU route, the others a CUDA device."""
+    if backend not in ops:
         return _no(R_DEVICE, f"unknown backend {backend!r}")
-    device = call.device
     if backend == "cpu_flash":
         if not cpu_route:
             return _no(R_CPU_ROUTE_OFF, "CPU route off (enable(cpu=True) serves CPU calls)")
@@ -406,6 +417,17 @@ def eligible(call: AttentionBackwardCall, *, cpu_route: bool = False) -> Decisio
             return _no(R_DEVICE, f"CPU op on device {device}")
     elif device.type != "cuda":
         return _no(R_DEVICE, f"device {device} is not served")
+    return None
+
+
+def eligible(call: AttentionBackwardCall, *, cpu_route: bool = False) -> Decision:
+    """Whether ``torch_sm90_sdpa::sdpa_backward`` can serve this call (the CPU reference for
+    the CPU node when cpu_route, else the SM90 kernels); the speed gate is
+    :func:`torch_sm90_sdpa.speed_gate.faster_than_stock`."""
+    backend, device = call.backend, call.device
+    why = _route_reason(backend, STOCK_BACKWARD_OPS, device, cpu_route)
+    if why is not None:
+        return why
     if call.nested:
         return _no(R_NESTED)
     if not (isinstance(call.dropout_p, (int, float)) and call.dropout_p == 0):
@@ -472,3 +494,89 @@ def describe(call: AttentionBackwardCall) -> str:
     return (f"q {_dims(q)} k {_dims(k)} {str(q.dtype).replace('torch.', '')} on {q.device}"
             f"{', causal' if call.is_causal else ''}{gqa}{mask}")
 
+
+
+# ---------------------------------------------------------------------------------------
+# the forward
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class AttentionForwardCall(_CallOnQuery):
+    """One stock SDPA forward call, as the joint-graph rewrite sees it (forward_pass.py).
+    q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv] (fake tensors or TensorSpecs)."""
+
+    backend: str  # a key of STOCK_FORWARD_OPS
+    q: Any
+    k: Any
+    v: Any
+    is_causal: bool
+    dropout_p: float = 0.0
+    scale: Any = None  # None: 1/sqrt(D)
+    # the mask our op would get: the user's boolean mask where the node's bias is SDPA's
+    # conversion of one (forward_pass.bool_mask_of), else the node's bias (or None)
+    mask: Any = None
+    debug_mask: bool = False  # the node returns its attention weights (return_debug_mask)
+
+
+_INT32_HALF = (2**31 - 1) // 2  # _cuda_backend.forward_unserved's size bound
+
+
+def forward_eligible(call: AttentionForwardCall, *, cpu_route: bool = False) -> Decision:
+    """Whether ``torch_sm90_sdpa::sdpa_forward`` can serve this forward node: the CPU path (the
+    stock CPU kernel behind the op's layouts) when cpu_route, else the SM90 forward kernel
+    (``_cuda_backend.forward_unserved``'s rules on metadata). What only the data pointers
+    tell (a TMA-unreadable address) is left to the op, which then runs the stock forward."""
+    backend, device = call.backend, call.device
+    why = _route_reason(backend, STOCK_FORWARD_OPS, device, cpu_route)
+    if why is not None:
+        return why
+    if not (isinstance(call.dropout_p, (int, float)) and call.dropout_p == 0):
+        return _no(R_DROPOUT, f"dropout_p = {call.dropout_p}")
+    if call.debug_mask:
+        return _no(R_DEBUG_MASK, "return_debug_mask=True")
+    q, k, v = call.q, call.k, call.v
+    named = {"query": q, "key": k, "value": v}
+    if not all(t is not None and hasattr(t, "dim") and t.dim() == 4 for t in named.values()):
+        return _no(R_SHAPES, "q/k/v are not all 4-D tensors")
+    if any(t.device != device for t in named.values()):
+        return _no(R_DEVICE, "tensors on different devices")
+    b, hq, hkv, sk = q.size(0), q.size(1), k.size(1), k.size(2)
+    if not (_known(k.size(0) == b) and _known(v.size(0) == b) and _known(v.size(1) == hkv)
+            and _known(v.size(2) == sk) and _known(k.size(3) == q.size(3))):
+        return _no(R_SHAPES, f"q {_dims(q)}, k {_dims(k)}, v {_dims(v)}")
+    if resolved_scale(call) is None:
+        return _no(R_SCALE, f"scale {call.scale!r}")
+    why = _mask_reason(call)
+    if why is not None:
+        return why
+    if not _known(v.size(-1) == q.size(-1)):
+        return _no(R_DV, f"D = {q.size(-1)}, Dv = {v.size(-1)}")
+    if not (_known(hkv > 0) and _known(hq % hkv == 0)):
+        return _no(R_HEADS, f"Hq = {hq}, Hkv = {hkv}")
+    for name, t in named.items():
+        if not _last_dim_contiguous(t):
+            return _no(R_LAST_DIM, f"{name} has strides {tuple(t.stride())}")
+    dtypes = [t.dtype for t in named.values()]
+    if backend == "cpu_flash":
+        if q.dtype not in CPU_DTYPES or any(d != q.dtype for d in dtypes):
+            return _no(R_DTYPE, f"dtypes {[str(d) for d in dtypes]}")
+        return ROUTE
+    if q.dtype not in _extension.KERNEL_DTYPES or any(d != q.dtype for d in dtypes):
+        return _no(R_DTYPE, f"dtypes {[str(d) for d in dtypes]}: the SM90 forward serves "
+                            "float16 and bfloat16")
+    head_dim = q.size(-1)
+    if not isinstance(head_dim, int):
+        return _no(R_HEAD_DIM_SYMBOLIC, f"head dim {head_dim}")
+    capability = device_capability(device)
+    if capability != (9, 0):
+        return _no(R_NOT_SM90, f"compute capability {capability}")
+    C = _extension.load()
+    if C is None:
+        return _no(R_NOT_BUILT, str(_extension.unavailable_reason()))
+    has = getattr(C, "has_fwd_variant", None)
+    if has is None or not has(head_dim, _extension.dtype_code(q.dtype)):
+        return _no(R_VARIANT, f"no forward kernel for head dim {head_dim}, {q.dtype}")
+    if not all(_known(x <= _INT32_HALF) for x in (b, hq, q.size(2), sk)):
+        return _no(R_TOO_LARGE, f"q {_dims(q)}, k {_dims(k)}")
+    return ROUTE

@@ -1,4 +1,4 @@
-"""The routing policy: which SDPA backward calls the torch.compile rewrite hands to our op.
+"""The routing policy: which SDPA calls the torch.compile rewrites hand to our ops.
 
 The rewrite (:mod:`torch_sm90_sdpa.compile_pass`) describes each stock backward node of a
 compiled graph as an :class:`AttentionBackwardCall` and asks :func:`decide`, which combines
@@ -28,13 +28,15 @@ from .eligibility import (  # noqa: F401  (re-exported)
     R_DROPOUT, R_DTYPE, R_DV, R_HEAD_DIM_SYMBOLIC, R_HEADS, R_LAST_DIM, R_LAYOUT, R_LSE, R_MASK,
     R_MASK_GRAD, R_NESTED, R_NOT_BUILT, R_NOT_SM90, R_OUTPUTS, R_SCALE, R_SHAPES, R_TOO_LARGE,
     R_VARIANT, ROUTE, STOCK_BACKWARD_OPS, AttentionBackwardCall, Decision, TensorSpec, describe,
-    eligible, gqa_heads_per_cta, kernel_decision, kernel_verdict, lse_shape_ok, resolved_scale)
+    eligible, gqa_heads_per_cta, kernel_decision, kernel_verdict, lse_shape_ok, resolved_scale,
+    R_BACKWARD_KEPT, R_DEBUG_MASK, STOCK_FORWARD_OPS, AttentionForwardCall, forward_eligible)
 from .speed_gate import (  # noqa: F401  (re-exported)
     FASTER_THAN_CUDNN_LENGTHS, MASKED_FASTER_LENGTHS, MEASURED_DEVICES,
     MHA_FASTER_THAN_CUDNN_LENGTHS, MIN_SPEEDUP, PATH_GQA_ACCUM, PATH_MHA, R_SLOWER,
     UNMASKED_CASES, WALKED_GROUPS, GateTables, describe_lengths, faster_than_stock, gate_device,
     gate_tables, in_routed_lengths, path_gqa_walked, routed_lengths_from_table, row_path,
-    walked_gqa_faster_than_cudnn_lengths)
+    walked_gqa_faster_than_cudnn_lengths, R_SLOWER_FORWARD, FORWARD_MEASURED_DEVICES,
+    forward_faster_than_stock, forward_gate_lengths)
 
 # The kernels have a deterministic mode (dQ, and GQA dK / dV, added in a fixed order), so
 # calls under torch.use_deterministic_algorithms(True) are served. Part of the routing
@@ -48,6 +50,8 @@ ALL_REASONS = (
     R_HEAD_DIM_SYMBOLIC, R_DV, R_HEADS, R_NOT_BUILT, R_VARIANT,
     R_CAUSAL_ALIGN, R_LAST_DIM, R_TOO_LARGE, R_LSE, R_SCALE, R_OUTPUTS, R_LAYOUT, R_SLOWER,
 )
+# ... and a forward node (the joint-graph rewrite, forward_pass.py), besides those it shares.
+FORWARD_REASONS = (R_DEBUG_MASK, R_BACKWARD_KEPT, R_SLOWER_FORWARD)
 
 
 def decide(call: AttentionBackwardCall, *, cpu_route: bool = False,
@@ -56,14 +60,27 @@ def decide(call: AttentionBackwardCall, *, cpu_route: bool = False,
 
     only_faster: also require that our kernel measured faster than the stock backward this
     node would run (:func:`faster_than_stock`); the CPU route has no such gate."""
-    verdict = eligible(call, cpu_route=cpu_route)
-    if not verdict.routed or call.backend == "cpu_flash":
+    return _gated(eligible(call, cpu_route=cpu_route), call, only_faster, faster_than_stock)
+
+
+def _gated(verdict: Decision, call, only_faster: bool, gate) -> Decision:
+    """An eligible CUDA call's verdict after the speed gate `gate` (when only_faster); the
+    CPU route has no gate."""
+    if not verdict.routed or call.backend == "cpu_flash" or not only_faster:
         return verdict
-    if only_faster:
-        gate = faster_than_stock(call)
-        if not gate.routed:
-            return gate
-    return verdict
+    passed = gate(call)
+    return verdict if passed.routed else passed
+
+
+def decide_forward(call: AttentionForwardCall, *, cpu_route: bool = False,
+                   only_faster: bool = True) -> Decision:
+    """Whether the joint-graph rewrite replaces this forward node by
+    ``torch_sm90_sdpa::sdpa_forward`` (its backward, if the graph holds one, must be routed
+    too: forward_pass.py asks :func:`decide` of it). only_faster: also require that our forward
+    measured faster than the stock one (:func:`forward_faster_than_stock`); the CPU route has
+    no such gate."""
+    return _gated(forward_eligible(call, cpu_route=cpu_route), call, only_faster,
+                  forward_faster_than_stock)
 
 
 def policy_fingerprint() -> tuple:
@@ -85,6 +102,8 @@ def policy_fingerprint() -> tuple:
         caps,
         CUDA_DETERMINISTIC_SUPPORTED,
         tuple(speed_gate.gate_fingerprint(m) for m in sorted(set(models) | {None}, key=str)),
+        tuple(speed_gate.forward_gate_fingerprint(m)
+              for m in sorted(set(models) | {None}, key=str)),
         # the GQA walk (and so the gate of GQA calls) follows this switch of the device layer
         _extension.switches().get("gqa_walk", ""),
     )

@@ -9,7 +9,8 @@
 Or, with no code change, the environment variable ``TORCH_SM90_SDPA``: ``1`` / ``on`` /
 ``true`` / ``cuda`` enable the CUDA route, ``cpu`` enables the CPU route too, ``all`` routes
 every eligible CUDA call (also where the stock backward measured faster:
-``enable(only_faster=False)``), ``0`` / ``off`` / empty do nothing. It is applied when the
+``enable(only_faster=False)``), ``forward`` also routes forward nodes (``enable(forward=True)``),
+``0`` / ``off`` / empty do nothing. It is applied when the
 package is imported, and, where the package is installed with its entry point, at
 ``import torch`` (``torch_sm90_sdpa_autoload``: ``TORCH_SM90_SDPA=1 python train.py``
 routes a script that never imports the package).
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from . import ops
 
 if TYPE_CHECKING:
-    from . import causal_masks, compile_pass
+    from . import compile_pass, forward_pass
 
 log = logging.getLogger("torch_sm90_sdpa")
 
@@ -46,12 +47,14 @@ _ENV_OFF = ("", "0", "off", "false", "no")
 _ENV_CUDA = ("1", "on", "true", "yes", "cuda")
 _ENV_CPU = ("cpu",)
 _ENV_ALL = ("all",)
+_ENV_FORWARD = ("forward",)
 
 # Importing the package must not import torch._inductor (about a second): the passes and
 # Inductor's config are imported on the first enable(). Until then no pass of ours can be
 # installed, so the readers below answer without importing them.
 _PASS_MODULE = __package__ + ".compile_pass"
 _MASK_MODULE = __package__ + ".causal_masks"
+_JOINT_MODULE = __package__ + ".forward_pass"
 
 
 def _inductor_config():
@@ -61,10 +64,10 @@ def _inductor_config():
 
 
 def _passes():
-    """(compile_pass, causal_masks), importing them (and Inductor) if needed."""
-    from . import causal_masks, compile_pass
+    """(compile_pass, forward_pass), importing them (and Inductor) if needed."""
+    from . import compile_pass, forward_pass
 
-    return compile_pass, causal_masks
+    return compile_pass, forward_pass
 
 
 class _RoutingState:
@@ -95,22 +98,29 @@ def _current_pass() -> Optional["compile_pass.SdpaBackwardRewrite"]:
     return p if isinstance(p, compile_pass.SdpaBackwardRewrite) else None
 
 
-def _current_joint_pass() -> Optional["causal_masks.CausalMaskPass"]:
-    causal_masks = sys.modules.get(_MASK_MODULE)
-    if causal_masks is None:
+def _current_joint_pass() -> Optional["forward_pass.JointGraphRewrite"]:
+    forward_pass = sys.modules.get(_JOINT_MODULE)
+    if forward_pass is None:
         return None
     p = _inductor_config().joint_custom_pre_pass
-    return p if isinstance(p, causal_masks.CausalMaskPass) else None
+    return p if isinstance(p, forward_pass.JointGraphRewrite) else None
 
 
-def _set_causal_masks(on: bool) -> None:
+def _set_joint_pass(causal_masks: bool, forward: bool, cpu: bool, only_faster: bool) -> None:
+    """Install (or, with neither causal_masks nor forward, remove) our joint-graph pass, keeping
+    the user's pass inside it."""
     ours = _current_joint_pass()
-    if on and ours is None:
-        inductor_config = _inductor_config()
-        inductor_config.joint_custom_pre_pass = _passes()[1].CausalMaskPass(
-            user_pass=inductor_config.joint_custom_pre_pass)
-    elif not on and ours is not None:
-        _inductor_config().joint_custom_pre_pass = ours.user_pass
+    if not (causal_masks or forward):
+        if ours is not None:  # (None: nothing to undo, and no Inductor import)
+            _inductor_config().joint_custom_pre_pass = ours.user_pass
+        return
+    user_pass = ours.user_pass if ours is not None else _inductor_config().joint_custom_pre_pass
+    options = dict(causal_masks=bool(causal_masks), forward=bool(forward), cpu=bool(cpu),
+                   only_faster=bool(only_faster))
+    if ours is not None and all(getattr(ours, k) == v for k, v in options.items()):
+        return
+    _inductor_config().joint_custom_pre_pass = _passes()[1].JointGraphRewrite(
+        user_pass=user_pass, **options)
 
 
 def _dynamo_has_compiled() -> bool:
@@ -134,7 +144,7 @@ def _warn_if_compiled_before(change: str) -> None:
 
 
 def enable(cpu: bool = False, only_faster: bool = True,
-           causal_masks: bool = True) -> _RoutingState:
+           causal_masks: bool = True, forward: bool = False) -> _RoutingState:
     """Route the SDPA backward of every later ``torch.compile`` compilation to our op where
     eligible (see :mod:`torch_sm90_sdpa.policy`). ``cpu=True`` also routes CPU calls to the
     op's CPU reference (for tests and CI). ``only_faster=True`` (the default) routes a CUDA
@@ -142,6 +152,11 @@ def enable(cpu: bool = False, only_faster: bool = True,
     (``policy.faster_than_stock``); ``False`` routes every eligible call. ``causal_masks=True``
     (the default) also drops masks that are provably causal at compile time from both SDPA
     nodes (:mod:`torch_sm90_sdpa.causal_masks`): they become ``is_causal=True`` calls.
+    ``forward=True`` also replaces SDPA forward nodes by ``sdpa_forward`` together with their
+    backward (:mod:`torch_sm90_sdpa.forward_pass`), where both are routed (on CUDA by default:
+    cuDNN forwards with a boolean mask, where cuDNN's masked forward measured slower than
+    ours), in training and in forward-only graphs; off by default until the compiled route of
+    the forward is measured on a GPU.
     Idempotent; passes the user set as ``post_grad_custom_post_pass`` /
     ``joint_custom_pre_pass`` before keep running after ours. Call it before the first
     ``torch.compile``: a warning is logged when Dynamo already compiled code in this process,
@@ -151,15 +166,21 @@ def enable(cpu: bool = False, only_faster: bool = True,
     inductor_config = _inductor_config()
     previous = inductor_config.post_grad_custom_post_pass
     state = _RoutingState(previous, inductor_config.joint_custom_pre_pass)
-    _set_causal_masks(causal_masks)
+    joint_before = inductor_config.joint_custom_pre_pass
+    _set_joint_pass(causal_masks, forward, cpu, only_faster)
     ours = _current_pass()
     if ours is not None and ours.cpu == bool(cpu) and ours.only_faster == bool(only_faster):
+        if inductor_config.joint_custom_pre_pass is not joint_before:
+            log.info("routing options changed (causal_masks=%s, forward=%s)", bool(causal_masks),
+                     bool(forward))
+            _warn_if_compiled_before("options changed")
         return state
     user_pass = ours.user_pass if ours is not None else previous
     inductor_config.post_grad_custom_post_pass = compile_pass.SdpaBackwardRewrite(
         cpu=cpu, user_pass=user_pass, only_faster=only_faster
     )
-    log.info("routing enabled (cpu=%s, only_faster=%s)%s", bool(cpu), bool(only_faster),
+    log.info("routing enabled (cpu=%s, only_faster=%s, forward=%s)%s", bool(cpu),
+             bool(only_faster), bool(forward),
              f"; chained with the user's pass {user_pass!r}" if user_pass is not None else "")
     _warn_if_compiled_before("enabled" if ours is None else "options changed")
     return state
@@ -168,7 +189,7 @@ def enable(cpu: bool = False, only_faster: bool = True,
 def disable() -> None:
     """Stop routing in later compilations; the user's own post-grad pass, if any, stays.
     Idempotent."""
-    _set_causal_masks(False)
+    _set_joint_pass(False, False, False, True)
     ours = _current_pass()
     if ours is None:
         return
@@ -182,11 +203,14 @@ def is_enabled() -> bool:
 
 
 def routing_options() -> dict:
-    """{"enabled": bool, "cpu": bool, "only_faster": bool, "causal_masks": bool}."""
+    """{"enabled": bool, "cpu": bool, "only_faster": bool, "causal_masks": bool,
+    "forward": bool}."""
     ours = _current_pass()
+    joint = _current_joint_pass()
     return {"enabled": ours is not None, "cpu": bool(ours is not None and ours.cpu),
             "only_faster": bool(ours is None or ours.only_faster),
-            "causal_masks": _current_joint_pass() is not None}
+            "causal_masks": bool(joint is not None and joint.causal_masks),
+            "forward": bool(joint is not None and joint.forward)}
 
 
 # The stock backward nodes, in routing_stats(): SDPA's backends as torch names them
@@ -237,6 +261,9 @@ def routing_stats(reset: bool = False, summary: bool = False):
                                                #   by SDPA backend: "cudnn", "flash",
                                                #   "efficient" (CUDA) or "cpu"
           "not_routed": {reason: int},         # COMPILE TIME: stock backward nodes kept, by reason
+          "routed_forward_nodes": {backend: int},  # COMPILE TIME: stock forward nodes replaced
+                                               #   (enable(forward=True)), by SDPA backend
+          "forward_not_routed": {reason: int},  # COMPILE TIME: stock forward nodes kept, by reason
           "causal_masks": {outcome: int},      # COMPILE TIME: SDPA nodes whose mask was
                                                #   dropped (proved causal) or kept, and why
           "graphs_compiled": int,              # COMPILE TIME: graphs Inductor compiled with
@@ -260,13 +287,11 @@ def routing_stats(reset: bool = False, summary: bool = False):
     """
     compile_pass = sys.modules.get(_PASS_MODULE)
     causal_masks = sys.modules.get(_MASK_MODULE)
+    forward_pass = sys.modules.get(_JOINT_MODULE)
     counts = compile_pass.decision_counts if compile_pass is not None else {}
+    forward_counts = forward_pass.decision_counts if forward_pass is not None else {}
     calls = ops.routed_calls()
-    routed_nodes: dict = {}
-    for (kind, what), n in sorted(counts.items()):
-        if kind == "routed":
-            key = BACKEND_KEYS.get(what, what)
-            routed_nodes[key] = routed_nodes.get(key, 0) + n
+    routed_nodes = _by_backend(counts)
     graphs_compiled = compile_pass.graphs_examined if compile_pass is not None else 0
     from_cache = max(0, _cache_hits() - _cache_hits_at_reset)
     stats = {
@@ -275,6 +300,9 @@ def routing_stats(reset: bool = False, summary: bool = False):
         "routed_calls_by_device": dict(calls),
         "routed_nodes": routed_nodes,
         "not_routed": {k[1]: n for k, n in sorted(counts.items()) if k[0] == "not routed"},
+        "routed_forward_nodes": _by_backend(forward_counts),
+        "forward_not_routed": {k[1]: n for k, n in sorted(forward_counts.items())
+                               if k[0] == "not routed"},
         "causal_masks": (dict(sorted(causal_masks.decision_counts.items()))
                          if causal_masks is not None else {}),
         "graphs_compiled": graphs_compiled,
@@ -284,6 +312,16 @@ def routing_stats(reset: bool = False, summary: bool = False):
     if reset:
         reset_stats()
     return _summary_text(stats) if summary else stats
+
+
+def _by_backend(counts) -> dict:
+    """{backend key: n} of the ("routed", backend) counts."""
+    out: dict = {}
+    for (kind, what), n in sorted(counts.items()):
+        if kind == "routed":
+            key = BACKEND_KEYS.get(what, what)
+            out[key] = out.get(key, 0) + n
+    return out
 
 
 def routing_summary(reset: bool = False) -> str:
@@ -360,6 +398,18 @@ def _summary_text(stats: dict) -> str:
     elif n_routed:
         parts.append("At run time no compiled graph has called the torch_sm90_sdpa backward "
                      "yet (no backward ran, or CUDA graphs replayed it without Python).")
+    fwd, fwd_kept = stats.get("routed_forward_nodes", {}), stats.get("forward_not_routed", {})
+    if fwd or fwd_kept:
+        text = (f"Forward nodes: {_plural(sum(fwd.values()), 'stock attention forward')} routed "
+                "to torch_sm90_sdpa (each with its backward where the graph held it)")
+        if fwd:
+            text += " (" + ", ".join(f"{n} {BACKEND_WORDS.get(b, b)}" for b, n in fwd.items()) + ")"
+        if fwd_kept:
+            text += f", {sum(fwd_kept.values())} kept on stock: " + "; ".join(
+                f"{n} because {reason}" for reason, n in fwd_kept.items())
+        parts.append(text + ".")
+    elif stats.get("forward") is False and stats["enabled"]:
+        parts.append("Forward nodes stay on stock (enable(forward=True) routes masked ones).")
     masks = stats["causal_masks"]
     if masks:
         parts.append("Masks: " + "; ".join(f"{n} {outcome}" for outcome, n in masks.items())
@@ -380,6 +430,9 @@ def reset_stats() -> None:
     causal_masks = sys.modules.get(_MASK_MODULE)
     if causal_masks is not None:
         causal_masks.decision_counts.clear()
+    forward_pass = sys.modules.get(_JOINT_MODULE)
+    if forward_pass is not None:
+        forward_pass.decision_counts.clear()
 
 
 def apply_env(value: Optional[str] = None) -> Optional[_RoutingState]:
@@ -397,8 +450,10 @@ def apply_env(value: Optional[str] = None) -> Optional[_RoutingState]:
         return enable(cpu=True)
     if v in _ENV_ALL:
         return enable(only_faster=False)
-    msg = (f"{ENV_VAR}={value!r} is not understood (expected 1 / on / cuda, cpu, all, or "
-           "0 / off); routing stays off")
+    if v in _ENV_FORWARD:
+        return enable(forward=True)
+    msg = (f"{ENV_VAR}={value!r} is not understood (expected 1 / on / cuda, cpu, all, forward, "
+           "or 0 / off); routing stays off")
     warnings.warn(msg, stacklevel=2)
     log.warning(msg)
     return None

@@ -14,10 +14,11 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from . import _generated_speed_table as speed_table
-from .eligibility import (ROUTE, AttentionBackwardCall, Decision, _dims, _known, _no,
-                          _query_cuda_device, gqa_heads_per_cta)
+from .eligibility import (ROUTE, AttentionBackwardCall, AttentionForwardCall, Decision, _dims,
+                          _known, _no, _query_cuda_device, gqa_heads_per_cta)
 
 R_SLOWER = "stock backward is faster here"
+R_SLOWER_FORWARD = "stock forward is faster here"
 
 
 @functools.lru_cache(maxsize=None)
@@ -274,3 +275,56 @@ def gate_fingerprint(model: Optional[str]) -> tuple:
          for g in WALKED_GROUPS],
         sorted(tables.masked.items()),
     )
+
+
+# ---------------------------------------------------------------------------------------
+# the forward (the joint-graph rewrite, forward_pass.py)
+# ---------------------------------------------------------------------------------------
+
+# speed_table.FORWARD_ROWS (tools/speed_table.py, from benchmarks/bench_fwd.py runs): ours with a
+# boolean mask against cuDNN's masked forward (torch hands cuDNN a bool mask as a 0 / -65504
+# bias and cuDNN applies it densely), each row the bound for a mask that hides nothing (our full
+# forward plus the mask's cost), since the gate cannot see how much a mask hides. The other
+# forwards stay on stock: unmasked, ours measured 0.60-0.77x of cuDNN / FA2 (H100, commit
+# 5fd3549, BENCHMARKS.md "Forward"); with an additive mask of finite fill every tile is partial
+# (0.36-0.45x of cuDNN's masked forward); the memory-efficient forward was not measured.
+FORWARD_MEASURED_DEVICES = tuple(sorted({r["device"] for r in speed_table.FORWARD_ROWS}))
+
+
+@functools.lru_cache(maxsize=None)
+def forward_gate_lengths(device: Optional[str]) -> dict:
+    """{head dim: ranges} of key lengths where our masked forward is routed on GPU model
+    `device` (None, or a model without forward rows: every model's rows)."""
+    rows = [r for r in speed_table.FORWARD_ROWS if r["device"] == device] or list(
+        speed_table.FORWARD_ROWS)
+    return routed_lengths_from_table(rows, "cudnn", True)
+
+
+def forward_faster_than_stock(call: AttentionForwardCall) -> Decision:
+    """The forward's speed gate: a cuDNN forward node with a boolean mask (the user's, found
+    behind SDPA's conversion) whose head dim and key length measured faster on the call's GPU
+    model."""
+    if call.backend != "cudnn":
+        return _no(R_SLOWER_FORWARD, f"the {call.backend} forward: ours was measured against "
+                                     "cuDNN's only; enable(only_faster=False) routes it anyway")
+    if call.mask is None:
+        return _no(R_SLOWER_FORWARD, "unmasked: cuDNN's forward measured faster (ours 0.60-0.77x "
+                                     "on an H100); enable(only_faster=False) routes it anyway")
+    if call.mask.dtype != torch.bool:
+        return _no(R_SLOWER_FORWARD, f"additive mask {_dims(call.mask)} {call.mask.dtype}: a "
+                                     "finite fill leaves every tile partial, where cuDNN's masked "
+                                     "forward is faster; enable(only_faster=False) routes it anyway")
+    name = device_name(call.device)
+    model = name if name in FORWARD_MEASURED_DEVICES else None
+    head_dim, seqlen_k = call.q.size(-1), call.k.size(2)
+    lengths = forward_gate_lengths(model)
+    if in_routed_lengths(seqlen_k, lengths.get(head_dim, ())):
+        return ROUTE
+    return _no(R_SLOWER_FORWARD, f"masked forward with head dim {head_dim}, Sk = {seqlen_k}: ours "
+                                 f"measured faster {_measured_on(model)} only for "
+                                 f"{describe_lengths(lengths)}; enable(only_faster=False) routes "
+                                 "it anyway")
+
+
+def forward_gate_fingerprint(model: Optional[str]) -> tuple:
+    return (model, sorted(forward_gate_lengths(model).items()))

@@ -1,0 +1,381 @@
+"""The joint-graph rewrite of SDPA forward nodes (torch_sm90_sdpa/forward_pass.py,
+enable(forward=True)).
+
+On CPU the whole route runs for real: enable(cpu=True, forward=True) replaces the CPU flash
+forward and backward nodes by our ops, in training and in forward-only compiles; losses and
+gradients are compared with stock, and the ops that ran are read from the profiler. The CUDA
+rules (cuDNN / flash / memory-efficient nodes, the boolean mask behind SDPA's bias, the forward
+speed gate) are checked on graphs of fake CUDA tensors, as tests/test_compile_routing.py does
+for the backward.
+"""
+import math
+import operator
+
+import expecttest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torch_sm90_sdpa
+from torch_sm90_sdpa import forward_pass, policy, routing, speed_gate
+from test_compile_routing import (CompileTestCase, D, UNCOMPILED_D, _fake_sm90, graph_ops,
+                                  output_layouts, param_grads, assert_grads_close,
+                                  ran_attention_ops, tiny_llama_padded)
+
+aten = torch.ops.aten
+FWD = torch.ops.torch_sm90_sdpa.sdpa_forward.default
+BWD = torch.ops.torch_sm90_sdpa.sdpa_backward.default
+
+
+# ---------------------------------------------------------------------------------------
+# graphs of fake CUDA tensors, as the joint graph holds them
+# ---------------------------------------------------------------------------------------
+
+
+def sdpa_bias(mask, dtype, fill):
+    """SDPA's conversion of a bool mask (torch's convert_boolean_attn_mask[_cudnn])."""
+    return aten.where.self(aten.logical_not.default(mask),
+                           aten.scalar_tensor.default(fill, dtype=dtype, device=mask.device),
+                           aten.scalar_tensor.default(0.0, dtype=dtype, device=mask.device))
+
+
+def trace_joint(backend, b=2, hq=4, hkv=4, sq=17, sk=17, d=D, dtype=torch.bfloat16,
+                causal=False, mask="bool", layout="bshd", backward=True, fill=None,
+                mask_shape=None, bias_grad=False):
+    """make_fx graph of a stock forward (+ backward) node with fake CUDA tensors.
+    mask: None; "bool" (a bool graph input converted as SDPA does: -65504 for cuDNN, else
+    -inf, padded and sliced back and expanded for the memory-efficient node); "float" (an
+    additive graph input)."""
+    mode = FakeTensorMode()
+    with mode:
+        def make(h, s):
+            if layout == "bshd":
+                return torch.empty(b, s, h, d, dtype=dtype, device="cuda").transpose(1, 2)
+            return torch.empty(b, h, s, d, dtype=dtype, device="cuda")
+
+        q, k, v, go = make(hq, sq), make(hkv, sk), make(hkv, sk), make(hq, sq)
+        shape = mask_shape or (b, 1, sq, sk)
+        m = (torch.empty(shape, dtype=torch.bool, device="cuda") if mask == "bool" else
+             torch.empty(shape, dtype=dtype, device="cuda") if mask == "float" else None)
+    if fill is None:
+        fill = -65504.0 if backend == "cudnn" else -math.inf
+
+    def fn(q, k, v, go, m):
+        bias = None
+        if mask == "bool":
+            bias = sdpa_bias(m, dtype, fill)
+        elif mask == "float":
+            bias = m
+        if backend == "cudnn":
+            o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_cudnn_attention(
+                q, k, v, bias, True, 0.0, causal, False)
+            if not backward:
+                return (o,)
+            return aten._scaled_dot_product_cudnn_attention_backward(
+                go, q, k, v, o, lse, seed, off, bias, cq, ck, mq, mk, 0.0, causal)
+        if backend == "flash":
+            o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_flash_attention(
+                q, k, v, 0.0, causal, False)
+            if not backward:
+                return (o,)
+            return aten._scaled_dot_product_flash_attention_backward(
+                go, q, k, v, o, lse, cq, ck, mq, mk, 0.0, causal, seed, off)
+        if bias is not None:  # the memory-efficient kernel's padded, expanded bias
+            pad = (-sk) % 16
+            bias = aten.slice.Tensor(aten.constant_pad_nd.default(bias, [0, pad]), -1, 0, sk)
+            bias = aten.expand.default(bias, [b, hq, sq, sk])
+        o, lse, seed, off = aten._scaled_dot_product_efficient_attention(
+            q, k, v, bias, True, 0.0, causal)
+        if not backward:
+            return (o,)
+        return aten._scaled_dot_product_efficient_attention_backward(
+            go, q, k, v, bias, o, lse, seed, off, 0.0, [True, True, True, bias_grad], causal)
+
+    with mode:
+        gm = make_fx(fn)(q, k, v, go, m)
+    return gm
+
+
+def placeholders(gm):
+    return {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
+
+
+class TestBoolMaskBehindTheBias(expecttest.TestCase):
+    """forward_pass.bool_mask_of: the user's bool mask behind SDPA's additive bias."""
+
+    def bias_of(self, gm):
+        (node,) = [n for n in gm.graph.nodes if n.target in forward_pass._BACKEND_BY_TARGET]
+        backend = forward_pass._BACKEND_BY_TARGET[node.target]
+        return forward_pass.bool_mask_of(
+            torch.fx.node.map_arg(node.args[3], lambda n: n), backend)
+
+    def test_found_through_sdpas_conversions(self):
+        for backend in ("cudnn", "efficient"):
+            gm = trace_joint(backend, backward=False)
+            self.assertIs(self.bias_of(gm), placeholders(gm)["m_1"], backend)
+
+    def test_cudnn_fill_counts_for_cudnn_nodes_only(self):
+        self.assertIsNotNone(self.bias_of(trace_joint("cudnn", fill=-65504.0, backward=False)))
+        self.assertIsNone(self.bias_of(trace_joint("efficient", fill=-65504.0, backward=False)))
+        self.assertIsNone(self.bias_of(trace_joint("cudnn", fill=-1e4, backward=False)))
+
+    def test_not_found(self):
+        self.assertIsNone(self.bias_of(trace_joint("cudnn", mask="float", backward=False)))
+
+        def taken_apart(m):  # a window of a larger converted mask is not that mask
+            bias = sdpa_bias(m, torch.bfloat16, -math.inf)
+            return aten.slice.Tensor(aten.slice.Tensor(bias, 2, 0, 17), 3, 0, 17)
+
+        with FakeTensorMode():
+            m = torch.empty(2, 1, 20, 20, dtype=torch.bool, device="cuda")
+            gm = make_fx(taken_apart)(m)
+        (out,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+        self.assertIsNone(forward_pass.bool_mask_of(out, "cudnn"))
+
+
+class TestForwardRewriteOnFakeCuda(expecttest.TestCase):
+    def setUp(self):
+        super().setUp()
+        _fake_sm90(self)
+        routing.reset_stats()
+
+    def rewrite(self, gm, only_faster=False):
+        before = output_layouts(gm)
+        results = forward_pass.route_forward_nodes(gm.graph, only_faster=only_faster)
+        gm.graph.lint()
+        gm.recompile()
+        self.assertEqual(output_layouts(gm), before)  # every output keeps shape and strides
+        for node in gm.graph.nodes:
+            if node.target in (FWD, BWD):  # Inductor pins exactly these layouts
+                args, kwargs = node.meta["eager_input_vals"]
+                for a, v in zip(node.args, args):
+                    if isinstance(a, torch.fx.Node):
+                        self.assertIs(v, a.meta["val"])
+        return [(b, d.reason or "routed") for b, d in results]
+
+    def test_cudnn_forward_and_backward_take_the_bool_mask(self):
+        gm = trace_joint("cudnn", hq=8, hkv=2)  # GQA
+        self.assertEqual(self.rewrite(gm), [("cudnn", "routed")])
+        self.assertExpectedInline(graph_ops(gm), """\
+torch_sm90_sdpa.sdpa_forward
+torch_sm90_sdpa.sdpa_backward""")
+        m = placeholders(gm)["m_1"]
+        (fwd,) = [n for n in gm.graph.nodes if n.target is FWD]
+        (bwd,) = [n for n in gm.graph.nodes if n.target is BWD]
+        self.assertEqual(fwd.args[3:], (False, 1 / math.sqrt(D), True, m))  # causal, scale, gqa
+        lse = [u for u in fwd.users if u.args[1] == 1]
+        self.assertEqual(bwd.args[5], lse[0])  # our lse, as it is
+        self.assertEqual(tuple(lse[0].meta["val"].shape), (2, 8, 17))
+        self.assertIs(bwd.args[9], m)
+        stats = torch_sm90_sdpa.routing_stats()
+        self.assertEqual((stats["routed_forward_nodes"], stats["routed_nodes"]),
+                         ({"cudnn": 1}, {"cudnn": 1}))
+
+    def test_efficient_bias_padded_and_expanded(self):
+        gm = trace_joint("efficient", layout="bhsd", dtype=torch.float16, causal=True)
+        self.assertEqual(self.rewrite(gm), [("efficient", "routed")])
+        # out and the gradients come back in the stock [B, S, H, D] memory: copies
+        self.assertExpectedInline(graph_ops(gm), """\
+torch_sm90_sdpa.sdpa_forward
+aten.permute
+aten.clone
+aten.permute
+torch_sm90_sdpa.sdpa_backward
+aten.permute
+aten.clone
+aten.permute
+aten.permute
+aten.clone
+aten.permute
+aten.permute
+aten.clone
+aten.permute""")
+        (bwd,) = [n for n in gm.graph.nodes if n.target is BWD]
+        self.assertIs(bwd.args[9], placeholders(gm)["m_1"])
+
+    def test_forward_only_graph(self):
+        gm = trace_joint("cudnn", backward=False)
+        self.assertEqual(self.rewrite(gm), [("cudnn", "routed")])
+        self.assertExpectedInline(graph_ops(gm), "torch_sm90_sdpa.sdpa_forward")
+        self.assertEqual(torch_sm90_sdpa.routing_stats()["routed_nodes"], {})
+
+    def test_unmasked_and_flash(self):
+        gm = trace_joint("flash", mask=None, causal=True, layout="bhsd")
+        self.assertEqual(self.rewrite(gm), [("flash", "routed")])
+        self.assertIn("torch_sm90_sdpa.sdpa_backward", graph_ops(gm))
+
+    def test_kept_with_its_backward(self):
+        cases = {
+            # the backward is not served (the bias's gradient): both stay
+            "bias gradient": dict(backend="efficient", mask="float", bias_grad=True),
+            "head dim": dict(backend="cudnn", d=UNCOMPILED_D),
+            "fp32": dict(backend="efficient", dtype=torch.float32),
+            "flash causal Sq != Sk": dict(backend="flash", mask=None, causal=True, sq=16, sk=32),
+        }
+        got = {}
+        for name, kw in cases.items():
+            gm = trace_joint(**kw)
+            before = graph_ops(gm)
+            got[name] = self.rewrite(gm)[0][1]
+            self.assertEqual(graph_ops(gm), before, name)  # untouched
+        self.assertExpectedInline("\n".join(f"{k}: {v}" for k, v in got.items()), """\
+bias gradient: its backward stays on stock
+head dim: head dim not compiled
+fp32: dtype
+flash causal Sq != Sk: its backward stays on stock""")
+        self.assertEqual(torch_sm90_sdpa.routing_stats()["routed_nodes"], {})
+
+    def test_not_sm90(self):
+        from unittest import mock
+
+        from torch_sm90_sdpa import eligibility
+        with mock.patch.object(eligibility, "device_capability", lambda dev: (8, 0)):
+            gm = trace_joint("cudnn")
+            self.assertEqual(self.rewrite(gm), [("cudnn", policy.R_NOT_SM90)])
+
+    def test_speed_gate(self):
+        """Routed: cuDNN nodes with a boolean mask, from the measured key lengths; stock: other
+        lengths, unmasked nodes, additive masks, the other backends."""
+        def decide(**kw):
+            gm = trace_joint(**kw)
+            return self.rewrite(gm, only_faster=True)[0][1]
+
+        long = dict(sq=2048, sk=2048, b=1, hq=2, hkv=2)
+        self.assertEqual(decide(backend="cudnn", **long), "routed")
+        self.assertEqual(decide(backend="cudnn", backward=False, **long), "routed")
+        gate = speed_gate.forward_gate_lengths(None)
+        self.assertEqual(gate[D], ((2048, None),))  # the H100's rows (none of another GPU)
+        self.assertEqual(decide(backend="cudnn", sq=1024, sk=1024), policy.R_SLOWER_FORWARD)
+        self.assertEqual(decide(backend="cudnn", mask=None, **long), policy.R_SLOWER_FORWARD)
+        self.assertEqual(decide(backend="cudnn", mask="float", **long), policy.R_SLOWER_FORWARD)
+        self.assertEqual(decide(backend="efficient", **long), policy.R_SLOWER_FORWARD)
+
+
+# ---------------------------------------------------------------------------------------
+# the whole route on CPU
+# ---------------------------------------------------------------------------------------
+
+
+class Masked(nn.Module):
+    """A padded causal bool mask, an additive key bias, and an unmasked causal call."""
+
+    def forward(self, q, k, v, mask, bias):
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        b = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        c = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return a + 2 * b + 3 * c
+
+
+def masked_inputs():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 16, 2, 8, generator=g).transpose(1, 2).requires_grad_()
+               for _ in range(3))
+    mask = torch.ones(16, 16, dtype=torch.bool).tril()[None, None].repeat(2, 1, 1, 1)
+    mask[1, :, :, 11:] = False  # the second sequence is padded after 11 tokens
+    mask[1, :, 12:, :] = True  # (padded queries see every key: no row without keys)
+    bias = torch.zeros(2, 1, 1, 16)
+    bias[0, ..., :3] = float("-inf")
+    bias[1] = torch.randn(16, generator=g) * 0.1
+    return q, k, v, mask, bias
+
+
+class TestCpuForwardRoute(CompileTestCase):
+    def test_training_runs_our_forward_and_backward(self):
+        q, k, v, mask, bias = masked_inputs()
+        torch_sm90_sdpa.enable(cpu=True, forward=True)
+        compiled = torch.compile(Masked())
+        compiled(q, k, v, mask, bias).square().sum().backward()
+        got = [t.grad.clone() for t in (q, k, v)]
+        # the compiled graphs hold our ops only; on CPU our forward runs the stock CPU kernel
+        # inside (the op's CPU path), our backward the fp32 reference
+        self.assertEqual(self.recorder.graphs, [["torch_sm90_sdpa.sdpa_forward.default"] * 3,
+                                                ["torch_sm90_sdpa.sdpa_backward.default"] * 3])
+        self.assertExpectedInline(ran_attention_ops(
+            lambda: compiled(q, k, v, mask, bias).square().sum().backward()), """\
+aten::_scaled_dot_product_flash_attention_for_cpu x3
+torch_sm90_sdpa::sdpa_backward x3
+torch_sm90_sdpa::sdpa_forward x3""")
+        stats = torch_sm90_sdpa.routing_stats()
+        self.assertEqual(stats["routed_forward_nodes"], {"cpu": 3})
+        self.assertEqual(stats["routed_nodes"], {"cpu": 3})
+        self.assertEqual((stats["forward_not_routed"], stats["not_routed"]), ({}, {}))
+        # the bool mask reached our ops as it is (the recorder saw the post-grad graphs)
+        for t in (q, k, v):
+            t.grad = None
+        want = Masked()(q, k, v, mask, bias)
+        want.square().sum().backward()
+        for g, t in zip(got, (q, k, v)):
+            torch.testing.assert_close(g, t.grad, rtol=1e-4, atol=1e-5)
+        text = torch_sm90_sdpa.routing_stats(summary=True)
+        self.assertIn("Forward nodes: 3 stock attention forwards routed to torch_sm90_sdpa", text)
+
+    def test_forward_only_compile(self):
+        q, k, v, mask, bias = masked_inputs()
+        torch_sm90_sdpa.enable(cpu=True, forward=True)
+        compiled = torch.compile(Masked())
+        with torch.no_grad():
+            out = compiled(q, k, v, mask, bias)
+            self.assertEqual(self.recorder.graphs, [["torch_sm90_sdpa.sdpa_forward.default"] * 3])
+            self.assertExpectedInline(ran_attention_ops(lambda: compiled(q, k, v, mask, bias)),
+                                      """\
+aten::_scaled_dot_product_flash_attention_for_cpu x3
+torch_sm90_sdpa::sdpa_forward x3""")
+            torch.testing.assert_close(out, Masked()(q, k, v, mask, bias), rtol=1e-5, atol=1e-6)
+        stats = torch_sm90_sdpa.routing_stats()
+        self.assertEqual((stats["routed_forward_nodes"], stats["routed_nodes"]), ({"cpu": 3}, {}))
+
+    def test_off_by_default(self):
+        q, k, v, mask, bias = masked_inputs()
+        torch_sm90_sdpa.enable(cpu=True)
+        compiled = torch.compile(Masked())
+        compiled(q, k, v, mask, bias).sum().backward()
+        self.assertExpectedInline(ran_attention_ops(
+            lambda: compiled(q, k, v, mask, bias).sum().backward()), """\
+aten::_scaled_dot_product_flash_attention_for_cpu x3
+torch_sm90_sdpa::sdpa_backward x3""")
+        self.assertEqual(torch_sm90_sdpa.routing_stats()["routed_forward_nodes"], {})
+
+    def test_transformers_llama_padded(self):
+        """A tiny transformers Llama, unpatched, with a padded batch: its bool mask (a graph
+        input) reaches our forward and backward; loss and gradients equal stock's."""
+        try:
+            import transformers
+        except ImportError:
+            self.skipTest("transformers is not installed")
+        model, stock, ids, attention_mask, labels = tiny_llama_padded(transformers)
+        torch_sm90_sdpa.enable(cpu=True, forward=True)
+        compiled = torch.compile(model)
+        loss = compiled(input_ids=ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        stats = torch_sm90_sdpa.routing_stats()
+        self.assertEqual((stats["routed_forward_nodes"], stats["routed_nodes"]),
+                         ({"cpu": 2}, {"cpu": 2}))
+        want = stock(input_ids=ids, attention_mask=attention_mask, labels=labels).loss
+        want.backward()
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+        assert_grads_close(self, param_grads(model), param_grads(stock), rtol=1e-4, atol=1e-5)
+
+
+class TestSwitch(CompileTestCase):
+    def test_options_and_uuid(self):
+        torch_sm90_sdpa.enable(cpu=True)
+        off = torch._inductor.config.joint_custom_pre_pass
+        self.assertFalse(routing.routing_options()["forward"])
+        with torch_sm90_sdpa.enable(cpu=True, forward=True):
+            on = torch._inductor.config.joint_custom_pre_pass
+            self.assertIsInstance(on, forward_pass.JointGraphRewrite)
+            self.assertTrue(on.forward and on.causal_masks and on.cpu)
+            self.assertTrue(routing.routing_options()["forward"])
+            self.assertNotEqual(on.uuid(), off.uuid())
+            with torch_sm90_sdpa.enable(cpu=True, forward=True, causal_masks=False):
+                self.assertFalse(torch._inductor.config.joint_custom_pre_pass.causal_masks)
+        self.assertIs(torch._inductor.config.joint_custom_pre_pass, off)
+        torch_sm90_sdpa.disable()
+        self.assertIsNone(torch._inductor.config.joint_custom_pre_pass)
+
+    def test_env_var(self):
+        routing.apply_env("forward")
+        self.assertEqual(routing.routing_options(), dict(enabled=True, cpu=False, only_faster=True,
+                                                         causal_masks=True, forward=True))
