@@ -182,8 +182,9 @@ def main():
                        compiled_sm90_sdpa_ms=med["compiled sm90_sdpa"],
                        interface_speedup=med["stock"] / med["compiled sm90_sdpa"])
         results.append(row)
-        print(f"{name}: {c}, padded={args.padded}, ones={args.ones}: step stock {med['stock']:.1f} ms, routed "
-              f"{med['routed']:.1f} ms, speedup {row['speedup']:.3f}x; routed nodes "
+        print(f"{name}: {c}, padded={args.padded}, ones={args.ones}: step stock "
+              f"{med['stock']:.1f} ms, routed {med['routed']:.1f} ms, speedup "
+              f"{row['speedup']:.3f}x; routed nodes "
               f"{stats['routed_nodes']}, not routed {stats['not_routed']}, causal masks "
               f"{stats.get('causal_masks')} (compile {compile_s:.0f} s)", flush=True)
         if forward_stats is not None:

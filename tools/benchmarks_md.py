@@ -191,10 +191,16 @@ def fwd_table(path):
     return lines
 
 
+def _mask_of(r) -> str:
+    """A bench_transformers row's attention_mask: none, ones (--ones), padded (--padded)."""
+    return "padded" if r["padded"] else "ones" if r.get("ones") else "none"
+
+
 def steps_table(paths):
-    lines = ["| GPU | commit | model | padded | stock ms | enable() ms | speedup | "
+    lines = ["| GPU | commit | model | attention_mask | stock ms | enable() ms | speedup | "
+             "enable(forward=True) ms | speedup | "
              "compiled sm90_sdpa ms | speedup | eager sm90_sdpa / eager sdpa | command |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         result = _load(path)
         meta = result["meta"]
@@ -202,8 +208,9 @@ def steps_table(paths):
             model = (f"Llama {r['heads']}/{r['kv_heads']} d{r['head_dim']} b{r['batch']} "
                      f"s{r['seq']}")
             lines.append(
-                f"| {gpu(meta)} | {meta['commit']} | {model} | {'yes' if r['padded'] else 'no'} | "
+                f"| {gpu(meta)} | {meta['commit']} | {model} | {_mask_of(r)} | "
                 f"{r['stock_ms']:.1f} | {r['routed_ms']:.1f} | {r['speedup']:.3f} | "
+                f"{_fmt(r.get('forward_ms'), 1)} | {_fmt(r.get('forward_speedup'))} | "
                 f"{_fmt(r.get('compiled_sm90_sdpa_ms'), 1)} | {_fmt(r.get('interface_speedup'))} | "
                 f"{_fmt(r.get('eager_speedup'))} | `{command(meta, path)}` |")
     return lines
@@ -248,11 +255,13 @@ def render(runs=None) -> str:
     if steps:
         lines += ["## Compiled transformers training steps", "",
                   "`benchmarks/bench_transformers.py --interface`: one training step of a "
-                  "4-layer transformers Llama (bf16, an all-ones `attention_mask` unless "
-                  "padded), compiled: stock against `enable()` (the compile route) and against "
-                  "`attn_implementation=\"sm90_sdpa\"` (the drop-in through transformers' "
-                  "attention interface, whose boolean masks take our forward); eager "
-                  "`sm90_sdpa` against eager `sdpa`.", ""]
+                  "4-layer transformers Llama (bf16; `attention_mask` none, all ones "
+                  "(`--ones`: a graph input, so no mask is proved causal) or half the batch "
+                  "padded (`--padded`)), compiled: stock against `enable()` (the compile "
+                  "route), against `enable(forward=True)` (forward nodes too, `--forward`) "
+                  "and against `attn_implementation=\"sm90_sdpa\"` (the drop-in through "
+                  "transformers' attention interface, whose boolean masks take our forward); "
+                  "eager `sm90_sdpa` against eager `sdpa`.", ""]
         lines += steps_table(steps) + [""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
