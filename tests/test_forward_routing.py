@@ -227,6 +227,15 @@ fp32: dtype
 flash causal Sq != Sk: its backward stays on stock""")
         self.assertEqual(torch_sm90_sdpa.routing_stats()["routed_nodes"], {})
 
+    def test_a_node_it_cannot_read_stays(self):
+        from unittest import mock
+
+        gm = trace_joint("cudnn")
+        before = graph_ops(gm)
+        with mock.patch.object(forward_pass, "_describe", side_effect=KeyError("query")):
+            self.assertEqual(self.rewrite(gm), [("cudnn", policy.R_SHAPES)])
+        self.assertEqual(graph_ops(gm), before)
+
     def test_not_sm90(self):
         from unittest import mock
 

@@ -9,6 +9,10 @@ compiled graph as an :class:`AttentionBackwardCall` and asks :func:`decide`, whi
   call is routed only where our kernel measured faster than the stock backward it replaces,
   on the call's GPU model.
 
+The joint-graph rewrite (:mod:`torch_sm90_sdpa.forward_pass`, ``enable(forward=True)``) asks
+:func:`decide_forward` of each stock forward node (an :class:`AttentionForwardCall`):
+``eligibility.forward_eligible``, then ``speed_gate.forward_faster_than_stock``.
+
 This module re-exports the names of both that the package, the tests and the tools use. The
 device queries that tests replace live in their own modules: ``eligibility.device_capability``
 and ``speed_gate.device_name``.
