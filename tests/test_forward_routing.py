@@ -388,3 +388,83 @@ class TestSwitch(CompileTestCase):
         routing.apply_env("forward")
         self.assertEqual(routing.routing_options(), dict(enabled=True, cpu=False, only_faster=True,
                                                          causal_masks=True, forward=True))
+
+
+def _generated_cases(n=10, seed=0):
+    """Seeded calls over what the forward route meets: GQA ratios, Sq != Sk, causal, boolean
+    masks of every broadcast shape (with rows that see no key), additive masks, BSHD / BHSD
+    layouts, fp32 / bf16."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    cases = []
+    for i in range(n):
+        hkv = pick([1, 2, 4])
+        case = dict(b=pick([1, 2]), hkv=hkv, hq=hkv * pick([1, 2]), sq=pick([5, 16, 33]),
+                    d=pick([8, 16]), layout=pick(["bshd", "bhsd"]),
+                    dtype=pick([torch.float32, torch.float32, torch.bfloat16]))
+        case["sk"] = pick([case["sq"], 7, 40])
+        case["mask"] = pick(["none", "causal", "bool [B,1,Sq,Sk]", "bool [Sq,Sk]",
+                             "bool [B,Hq,Sq,Sk]", "bool [B,1,1,Sk]", "additive [B,1,Sq,Sk]"])
+        cases.append(case)
+    return cases
+
+
+def _inputs_of(case, g):
+    b, hq, hkv, sq, sk, d = (case[k] for k in ("b", "hq", "hkv", "sq", "sk", "d"))
+
+    def make(h, s):
+        t = torch.randn(b, s, h, d, generator=g).to(case["dtype"])
+        t = t.transpose(1, 2) if case["layout"] == "bshd" else t.transpose(1, 2).contiguous()
+        return t.requires_grad_()
+
+    q, k, v = make(hq, sq), make(hkv, sk), make(hkv, sk)
+    shape = {"bool [B,1,Sq,Sk]": (b, 1, sq, sk), "bool [Sq,Sk]": (sq, sk),
+             "bool [B,Hq,Sq,Sk]": (b, hq, sq, sk), "bool [B,1,1,Sk]": (b, 1, 1, sk),
+             "additive [B,1,Sq,Sk]": (b, 1, sq, sk)}.get(case["mask"])
+    mask = None
+    if shape is not None and case["mask"].startswith("bool"):
+        mask = torch.rand(shape, generator=g) > 0.3
+        mask[..., 0, :] = False  # a query row (or every row of a [.., 1, Sk] mask) sees no key
+        if shape[-2] == 1:
+            mask[..., 0, 0] = True
+    elif shape is not None:
+        mask = (torch.randn(shape, generator=g) * 0.5).to(case["dtype"])
+        mask[..., 1] = float("-inf")
+    return q, k, v, mask
+
+
+class TestCpuForwardRouteGenerated(CompileTestCase):
+    def test_compiled_route_matches_stock(self):
+        """Every generated call, compiled with enable(cpu=True, forward=True), gives stock
+        SDPA's out and gradients (uncompiled; rows without a visible key: stock's fused CPU
+        kernel gives 0 there, as ours do)."""
+        g = torch.Generator().manual_seed(1)
+        routed = 0
+        for case in _generated_cases():
+            q, k, v, mask = _inputs_of(case, g)
+            causal = case["mask"] == "causal"
+            gqa = case["hq"] != case["hkv"]
+
+            def attention(q, k, v, mask):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                      enable_gqa=gqa)
+
+            torch._dynamo.reset()
+            with torch_sm90_sdpa.enable(cpu=True, forward=True):
+                out = torch.compile(attention)(q, k, v, mask)
+            grad = torch.randn(out.shape, generator=g).to(out.dtype)
+            got = (out, *torch.autograd.grad(out, (q, k, v), grad))
+            ref_out = attention(q, k, v, mask)
+            want = (ref_out, *torch.autograd.grad(ref_out, (q, k, v), grad))
+            tol = dict(rtol=2e-2, atol=2e-2) if case["dtype"] == torch.bfloat16 else \
+                dict(rtol=1e-4, atol=1e-5)
+            for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+                torch.testing.assert_close(a, b, **tol, msg=lambda m: f"{case} {name}: {m}")
+            routed += sum(torch_sm90_sdpa.routing_stats(reset=True)["routed_forward_nodes"]
+                          .values())
+        # (a call stock runs on its math path has no node to route; torch 2.9 and 2.13 run
+        # every generated call on the CPU flash kernel)
+        self.assertEqual(routed, len(_generated_cases()))
