@@ -28,6 +28,7 @@
 #include "../grid_dependency.h"
 #include "../numeric.h"
 #include "bwd_config.h"
+#include "mask_elements.h"
 #include "utils.h"
 
 namespace sm90_sdpa {
@@ -908,31 +909,8 @@ struct BwdMainloop {
           }
         };
         // (kLog2e from numeric.h: the classification's dead-bias rule assumes this very product)
-        switch (params.mask_kind) {
-          case MaskKind::kBool: {
-            auto m = static_cast<uint8_t const*>(params.mask);
-            apply([&](int64_t o) { return m[o] ? 0.f : -INFINITY; });
-            break;
-          }
-          case MaskKind::kFloat16: {
-            auto m = static_cast<cutlass::half_t const*>(params.mask);
-            apply([&](int64_t o) { return float(m[o]) * kLog2e; });
-            break;
-          }
-          case MaskKind::kBFloat16: {
-            auto m = static_cast<cutlass::bfloat16_t const*>(params.mask);
-            apply([&](int64_t o) { return float(m[o]) * kLog2e; });
-            break;
-          }
-          case MaskKind::kFloat32: {
-            auto m = static_cast<float const*>(params.mask);
-            apply([&](int64_t o) { return m[o] * kLog2e; });
-            break;
-          }
-          default:
-            apply([](int64_t) { return 0.f; });
-            break;
-        }
+        with_mask_elements</*kHasNone=*/true>(
+            params.mask_kind, params.mask, [](float b) { return b * kLog2e; }, apply);
       }
       // Pin P here, before the wait for dP: the exponentials overlap the dP wgmma instead of
       // being scheduled after it.

@@ -31,6 +31,7 @@
 #include "../fwd_params.h"
 #include "../numeric.h"
 #include "fwd_config.h"
+#include "mask_elements.h"
 #include "utils.h"
 
 namespace sm90_sdpa {
@@ -346,28 +347,7 @@ struct FwdKernel {
       auto finite_log2 = [](float b) __attribute__((always_inline)) {
         return b == -INFINITY ? b : fmaxf(b * kLog2e, -FLT_MAX);
       };
-      switch (params.mask_kind) {
-        case MaskKind::kBool: {
-          auto m = static_cast<uint8_t const*>(params.mask);
-          apply([&](int64_t o) { return m[o] ? 0.f : -INFINITY; });
-          break;
-        }
-        case MaskKind::kFloat16: {
-          auto m = static_cast<cutlass::half_t const*>(params.mask);
-          apply([&](int64_t o) { return finite_log2(float(m[o])); });
-          break;
-        }
-        case MaskKind::kBFloat16: {
-          auto m = static_cast<cutlass::bfloat16_t const*>(params.mask);
-          apply([&](int64_t o) { return finite_log2(float(m[o])); });
-          break;
-        }
-        default: {  // kFloat32
-          auto m = static_cast<float const*>(params.mask);
-          apply([&](int64_t o) { return finite_log2(m[o]); });
-          break;
-        }
-      }
+      with_mask_elements</*kHasNone=*/false>(params.mask_kind, params.mask, finite_log2, apply);
     };
 
     // The online softmax of key block n: S (the wgmma accumulator) scaled, masked where the key
