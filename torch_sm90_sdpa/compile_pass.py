@@ -351,11 +351,9 @@ def _plan(node, backend, call, nodes, scale, fake_mode, plan: Optional[_Plan] = 
         plan = _Plan(fake_mode, node)
     plan.anchor = node
     lse = _as_arg(nodes["lse"])
-    if lse_ready:
-        pass
-    elif backend == "cudnn":
+    if not lse_ready and backend == "cudnn":
         lse = plan.add("lse", aten.select.int, [lse, 3, 0])
-    elif backend == "efficient":
+    elif not lse_ready and backend == "efficient":
         sq = call.q.size(2)
         if not statically_known_true(call.lse.size(2) == sq):
             if isinstance(sq, torch.SymInt):
