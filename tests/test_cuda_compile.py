@@ -482,4 +482,4 @@ def test_forward_routed_by_the_default_gate_and_inference(compile_env):
     stats = torch_sm90_sdpa.routing_stats()
     assert stats["routed_forward_nodes"].get("cudnn", 0) >= model.config.num_hidden_layers, stats
     keep = attention_mask[0].bool()
-    assert rel_err(got[0, keep], want[0, keep]) < 2e-2
+    assert rel_err(got[0, keep], want[0, keep]) < 5e-2  # bf16 logits, as check_against_stock
