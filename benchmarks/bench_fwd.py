@@ -14,6 +14,9 @@ Columns per row (bf16, BSHD memory viewed as BHSD, 16k tokens per batch: b = 163
   ours_bias     causal rows only: sdpa_forward given the mask as a bf16 / fp16 bias of 0 and the
                 dtype's minimum (transformers' additive form): the classification proves no
                 finite tile hidden, so every tile above the diagonal is computed
+  cudnn_mask_dense, ours_mask_dense   full rows only: cuDNN and sdpa_forward given a bool
+                [B, 1, S, S] mask that hides nothing (all True): what a mask costs ours when it
+                hides no tile (the forward speed gate's worst case, tools/speed_table.py)
 TFLOP/s count the visible half under causal masking: 4 * b * hq * s^2 * d (/ 2).
 
     python benchmarks/bench_fwd.py [--dims 64,128] [--seqs 512,2048,8192,16384] [--reps 20]
@@ -67,6 +70,10 @@ def columns(q, k, v, causal):
     cols = {"ours": ours_kernel("0"), "ours_overlap": ours_kernel("1"),
             "cudnn": stock(SDPBackend.CUDNN_ATTENTION),
             "flash": stock(SDPBackend.FLASH_ATTENTION)}
+    if not causal:  # a mask that hides nothing
+        dense = torch.ones(q.size(0), 1, q.size(2), k.size(2), dtype=torch.bool, device="cuda")
+        cols["cudnn_mask_dense"] = stock(SDPBackend.CUDNN_ATTENTION, dense)
+        cols["ours_mask_dense"] = ours_kernel("0", dense)
     if causal:
         s = q.size(2)
         keep = torch.ones(s, s, dtype=torch.bool, device="cuda").tril()[None, None]

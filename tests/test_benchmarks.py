@@ -409,3 +409,29 @@ def test_ncu_summary_headlines_and_stalls(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "barrier" in out and "75.0%" in out and "25.0%" in out  # the longest kernel's 30 / 10
     assert "_not_issued" not in out and "63.6%" in out
+
+
+def test_forward_rows_take_a_mask_that_hides_nothing(tmp_path):
+    """FORWARD_ROWS: a row's speedup is that of an all-True mask (measured in the full row where
+    the file has it, else bounded from the causal row), or the causal mask's where lower."""
+    full = dict(d=128, hq=16, hkv=4, b=8, s=2048, causal=False,
+                ms={"ours": 0.8, "cudnn": 0.5})
+    causal = dict(full, causal=True, ms={"ours": 0.5, "cudnn": 0.33, "cudnn_mask": 0.96,
+                                          "ours_mask": 0.54})
+    meta = {"device": "NVIDIA H100 80GB HBM3", "command": "benchmarks/bench_fwd.py --json x.json"}
+
+    def rows_of(result):
+        path = tmp_path / "fwd.json"
+        path.write_text(json.dumps(result))
+        sources, rows, forward = speed_table_tool.build([str(path)])
+        assert rows == [] and sources[0]["file"] == str(path)
+        return [(r["head_dim"], r["seqlen"], r["speedup"], r["causal_mask_speedup"])
+                for r in forward]
+
+    # no dense columns (files before them): cuDNN 0.96 / (our full 0.8 + the mask's 0.04)
+    assert rows_of({"meta": meta, "rows": [full, causal]}) == [(128, 2048, 1.1429, 1.7778)]
+    measured = dict(full, ms=dict(full["ms"], cudnn_mask_dense=0.95, ours_mask_dense=0.86))
+    assert rows_of({"meta": dict(meta, bench="bench_fwd"), "rows": [measured, causal]}) == [
+        (128, 2048, 1.1047, 1.7778)]
+    slow_causal = dict(causal, ms=dict(causal["ms"], ours_mask=1.0))
+    assert rows_of({"meta": meta, "rows": [measured, slow_causal]}) == [(128, 2048, 0.96, 0.96)]

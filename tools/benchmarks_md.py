@@ -170,22 +170,25 @@ def _results(prefix):
 FWD_COLUMNS = (("ours", "ours"), ("ours_overlap", "ours, overlap"), ("cudnn", "cuDNN"),
                ("flash", "FA2"), ("cudnn_mask", "cuDNN bool mask"),
                ("ours_mask", "ours bool mask"), ("ours_mask_overlap", "ours bool mask, overlap"),
-               ("ours_bias", "ours 0 / min bias"))
+               ("ours_bias", "ours 0 / min bias"), ("cudnn_mask_dense", "cuDNN all-True mask"),
+               ("ours_mask_dense", "ours all-True mask"))
 
 
 def fwd_table(path):
     result = _load(path)
     meta = result["meta"]
+    # the columns this file measured (the all-True mask's came later)
+    columns = [(k, n) for k, n in FWD_COLUMNS if any(k in r["tflops"] for r in result["rows"])]
     lines = [f"### {gpu(meta)}, commit {meta['commit']}, torch {meta.get('torch', '?')}", "",
              f"`{command(meta, path)}`", "",
-             "| head dim | causal | b x h | s | " + " | ".join(n for _, n in FWD_COLUMNS)
+             "| head dim | causal | b x h | s | " + " | ".join(n for _, n in columns)
              + " | ours / best stock | mask / causal | mask / cuDNN mask |",
-             "|---|---|---|---|" + "---|" * (len(FWD_COLUMNS) + 3)]
+             "|---|---|---|---|" + "---|" * (len(columns) + 3)]
     for r in result["rows"]:
         tf = r["tflops"]
         heads = f"{r['hq']}" + (f" / {r['hkv']}" if r["hkv"] != r["hq"] else "")
         lines.append(f"| {r['d']} | {'yes' if r['causal'] else 'no'} | {r['b']} x {heads} | "
-                     f"{r['s']} | " + " | ".join(_fmt(tf.get(k), 0) for k, _ in FWD_COLUMNS)
+                     f"{r['s']} | " + " | ".join(_fmt(tf.get(k), 0) for k, _ in columns)
                      + f" | {_fmt(r['ours_over_best'])} | {_fmt(r.get('mask_over_causal'))} | "
                      f"{_fmt(r.get('mask_over_cudnn_mask'), 2)} |")
     return lines

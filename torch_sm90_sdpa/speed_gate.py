@@ -283,8 +283,9 @@ def gate_fingerprint(model: Optional[str]) -> tuple:
 
 # speed_table.FORWARD_ROWS (tools/speed_table.py, from benchmarks/bench_fwd.py runs): ours with a
 # boolean mask against cuDNN's masked forward (torch hands cuDNN a bool mask as a 0 / -65504
-# bias and cuDNN applies it densely), each row the bound for a mask that hides nothing (our full
-# forward plus the mask's cost), since the gate cannot see how much a mask hides. The other
+# bias and cuDNN applies it densely), each row for a mask that hides nothing (measured with an
+# all-True mask, or bounded from the full and causal rows where a file predates that column),
+# since the gate cannot see how much a mask hides. The other
 # forwards stay on stock: unmasked, ours measured 0.60-0.77x of cuDNN / FA2 (H100, commit
 # 5fd3549, BENCHMARKS.md "Forward"); with an additive mask of finite fill every tile is partial
 # (0.36-0.45x of cuDNN's masked forward); the memory-efficient forward was not measured.
