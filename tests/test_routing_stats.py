@@ -119,3 +119,21 @@ def test_cache_hit_in_a_new_process(tmp_path):
     assert outs[1][0] == "1 {} True", outs[1]
     assert "came from torch.compile's cache" in outs[1][1], outs[1][1]
     assert "backward 1 time (1 on cpu)" in outs[1][1], outs[1][1]
+
+
+def test_summary_of_forward_nodes():
+    """The forward sentence: what was routed, and why the rest stayed, with what would route
+    them."""
+    stats = dict(enabled=True, cpu=False, only_faster=True, forward=True, routed_nodes={"cudnn": 2},
+                 not_routed={}, routed_forward_nodes={"cudnn": 1},
+                 forward_not_routed={"stock forward is faster here": 2}, causal_masks={},
+                 graphs_compiled=2, graphs_from_cache=0, routed_calls=0,
+                 routed_calls_by_device={})
+    text = routing._summary_text(stats)
+    assert ("Forward nodes: 1 stock attention forward (1 cuDNN attention) routed to "
+            "torch_sm90_sdpa, each with its backward where the graph held it; 2 kept on stock: "
+            "2 because stock forward is faster here (enable(only_faster=False) routes them "
+            "anyway).") in text, text
+    off = routing._summary_text(dict(stats, forward=False, routed_forward_nodes={},
+                                     forward_not_routed={}))
+    assert "Forward nodes stay on stock (enable(forward=True) routes masked ones)." in off, off

@@ -228,6 +228,8 @@ _REASON_HINTS = {
     "not an SM90 GPU": "the kernels run on Hopper (compute capability 9.0) only",
     "SM90 kernels not built": "torch_sm90_sdpa._C was built without them: build_info() says why",
     "head dim not compiled": "build_info()['variants'] lists the compiled head dims",
+    "stock forward is faster here": "enable(only_faster=False) routes them anyway",
+    "its backward stays on stock": "a forward is routed only with its backward",
 }
 # torch.compile's cache hits (torch._dynamo.utils.counters) at the last reset_stats().
 _cache_hits_at_reset = 0
@@ -349,6 +351,12 @@ def _plural(n: int, one: str, many: Optional[str] = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
+def _because(reason: str, n: int) -> str:
+    """'n because reason (what would route them)' for the summary."""
+    hint = _REASON_HINTS.get(reason)
+    return f"{n} because {reason}" + (f" ({hint})" if hint else "")
+
+
 def _summary_text(stats: dict) -> str:
     parts = []
     if stats["enabled"]:
@@ -371,11 +379,8 @@ def _summary_text(stats: dict) -> str:
             text += " (" + ", ".join(f"{n} {BACKEND_WORDS.get(b, b)}"
                                      for b, n in routed.items()) + ")"
         if kept:
-            why = []
-            for reason, n in kept.items():
-                hint = _REASON_HINTS.get(reason)
-                why.append(f"{n} because {reason}" + (f" ({hint})" if hint else ""))
-            text += f" and kept {n_kept} on stock: " + "; ".join(why)
+            text += f" and kept {n_kept} on stock: " + "; ".join(
+                _because(reason, n) for reason, n in kept.items())
         else:
             text += " and kept none on stock"
         parts.append(text + ".")
@@ -400,13 +405,14 @@ def _summary_text(stats: dict) -> str:
                      "yet (no backward ran, or CUDA graphs replayed it without Python).")
     fwd, fwd_kept = stats.get("routed_forward_nodes", {}), stats.get("forward_not_routed", {})
     if fwd or fwd_kept:
-        text = (f"Forward nodes: {_plural(sum(fwd.values()), 'stock attention forward')} routed "
-                "to torch_sm90_sdpa (each with its backward where the graph held it)")
+        text = f"Forward nodes: {_plural(sum(fwd.values()), 'stock attention forward')}"
         if fwd:
             text += " (" + ", ".join(f"{n} {BACKEND_WORDS.get(b, b)}" for b, n in fwd.items()) + ")"
+        text += (" routed to torch_sm90_sdpa, each with its backward where the graph held it"
+                 if fwd else " routed")
         if fwd_kept:
-            text += f", {sum(fwd_kept.values())} kept on stock: " + "; ".join(
-                f"{n} because {reason}" for reason, n in fwd_kept.items())
+            text += f"; {sum(fwd_kept.values())} kept on stock: " + "; ".join(
+                _because(reason, n) for reason, n in fwd_kept.items())
         parts.append(text + ".")
     elif stats.get("forward") is False and stats["enabled"]:
         parts.append("Forward nodes stay on stock (enable(forward=True) routes masked ones).")
