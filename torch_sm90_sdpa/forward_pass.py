@@ -59,7 +59,7 @@ import torch.fx
 from torch._inductor import custom_graph_pass as _cgp
 
 from . import causal_masks, compile_pass, policy
-from .compile_pass import bind_args, run_user_passes, source_hash, user_passes_uuid
+from .compile_pass import _val, bind_args, run_user_passes, source_hash, user_passes_uuid
 
 log = logging.getLogger("torch_sm90_sdpa")
 aten = torch.ops.aten
@@ -193,10 +193,6 @@ def bool_mask_of(bias: torch.fx.Node, backend: str) -> Optional[torch.fx.Node]:
 # ---------------------------------------------------------------------------------------
 # reading a forward node and its backward
 # ---------------------------------------------------------------------------------------
-
-
-def _val(x):
-    return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
 
 
 def _describe(node: torch.fx.Node, backend: str):
