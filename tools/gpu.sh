@@ -10,7 +10,7 @@
 #             honored), its SASS summary, and the build gzipped into OUTDIR/prebuilt/
 #   test      the GPU suite: pytest (-n 8 with pytest-xdist when installed) on `tests`, or on
 #             TESTS (e.g. TESTS="tests/test_cuda_deterministic.py -k gqa"); PYTEST_TIMEOUT_S
-#             bounds it
+#             bounds it; transformers comes from .whl/transformers/ when missing
 #   bench     benchmarks/bench_bwd.py --extra --dropin, synchronized, then back to back
 #             (--batched 5 --reps 6): OUTDIR/bench_bwd_sync.json and bench_bwd_b2b.json, the
 #             files benchmarks/results/ keeps (BENCH_ARGS replaces --extra --dropin)
@@ -205,17 +205,25 @@ print(t.__file__); print(info)' > "$OUT/wheel_import.txt" 2>&1
   stamp "wheel: import exit $rc, from $(head -n 1 "$OUT/wheel_import.txt")"
   built=1  # (the later steps use the installed package, not an in-place build)
 }
+install_transformers() {  # STEP: from .whl/transformers/ where the machine lacks it
+  "$PY" -c "import transformers" > /dev/null 2>&1 && return 0
+  local wheels=() w
+  shopt -s nullglob
+  for w in .whl/transformers/*.whl; do  # (numpy only where the machine has none)
+    case "$(basename "$w")" in numpy-*) "$PY" -c "import numpy" 2> /dev/null && continue ;; esac
+    wheels+=("$w")
+  done
+  shopt -u nullglob
+  if [ ${#wheels[@]} -eq 0 ]; then
+    stamp "$1: transformers missing and no .whl/transformers/ here"
+    return 1
+  fi
+  "$PY" -m pip install -q --no-index --no-deps --target "$DEPS" "${wheels[@]}" \
+    >> "$OUT/pip.log" 2>&1 || { fail "$1: transformers not installable (pip.log)"; return 1; }
+}
 do_steps() {
   ensure_built || return 1
-  if ! "$PY" -c "import transformers" > /dev/null 2>&1; then
-    local wheels=() w
-    for w in .whl/transformers/*.whl; do  # (numpy only where the machine has none)
-      case "$(basename "$w")" in numpy-*) "$PY" -c "import numpy" 2> /dev/null && continue ;; esac
-      wheels+=("$w")
-    done
-    "$PY" -m pip install -q --no-index --no-deps --target "$DEPS" "${wheels[@]}" \
-      >> "$OUT/pip.log" 2>&1 || { fail "steps: transformers not installable (pip.log)"; return 1; }
-  fi
+  install_transformers steps || { status=1; return 1; }
   local padded rc variants=("")
   [ "${STEPS_PADDED:-1}" = 0 ] || variants+=(--padded)
   for padded in "${variants[@]}"; do
@@ -242,6 +250,7 @@ do_fwd() {
 # ---- the steps ----------------------------------------------------------------------------
 do_test() {
   ensure_built || return 1
+  install_transformers test  # (the compiled-model tests skip without it)
   local args=()
   if [ -n "${TESTS:-}" ]; then read -r -a args <<< "$TESTS"; else args=(tests); fi
   if "$PY" -c "import xdist" > /dev/null 2>&1; then args=(-n "${TEST_WORKERS:-8}" "${args[@]}"); fi
