@@ -26,7 +26,8 @@
 #             build/wheel_site; the later steps of the call then run on the installed package
 #             (this copy's torch_sm90_sdpa/ is moved aside until the script exits), e.g.
 #             `wheel,test` with TESTS naming the GPU test files
-#   steps     benchmarks/bench_transformers.py --interface ${STEPS_ARGS}, unpadded and (unless
+#   steps     benchmarks/bench_transformers.py --interface ${STEPS_ARGS} (STEPS_INTERFACE=0 leaves
+#             --interface out: one compiled and two eager models fewer), unpadded and (unless
 #             STEPS_PADDED=0) padded: compiled transformers Llama training steps, stock against
 #             enable() and attn_implementation="sm90_sdpa" (eager and compiled; STEPS_ARGS=--forward
 #             adds enable(forward=True), --ones an all-ones attention_mask); transformers
@@ -224,11 +225,12 @@ install_transformers() {  # STEP: from .whl/transformers/ where the machine lack
 do_steps() {
   ensure_built || return 1
   install_transformers steps || { status=1; return 1; }
-  local padded rc variants=("")
+  local padded rc variants=("") interface=--interface
+  [ "${STEPS_INTERFACE:-1}" = 0 ] && interface=
   [ "${STEPS_PADDED:-1}" = 0 ] || variants+=(--padded)
   for padded in "${variants[@]}"; do
     # shellcheck disable=SC2086
-    "$PY" benchmarks/bench_transformers.py --interface ${STEPS_ARGS:-} $padded \
+    "$PY" benchmarks/bench_transformers.py $interface ${STEPS_ARGS:-} $padded \
       --json "$OUT/bench_transformers${padded:+_padded}.json" \
       > "$OUT/bench_transformers${padded:+_padded}.txt" 2>&1
     rc=$?
