@@ -10,7 +10,10 @@ call is then the host path (the GPU keeps up). Rows:
     kernel of a benchmark-only op with the same schema: the "lean Python path" alternative;
   * that Python body called directly (no dispatcher);
   * _C.run alone with prefilled params (TMA descriptors + 3 launches);
-  * the stock cuDNN aten backward, for reference.
+  * the stock cuDNN aten backward, for reference;
+  * forward + backward through the public paths (the drop-in, then torch.autograd.grad; stock
+    F.scaled_dot_product_attention on cuDNN likewise) and through the ops called directly
+    (sdpa, then sdpa_backward): what the entry points cost the host over the ops.
 
     python benchmarks/host_overhead.py [--json OUT.json]
 
@@ -48,6 +51,34 @@ def per_call_us(fn, n):
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / n * 1e6
+
+
+def _public_path_rows(q, k, v, do, scale):
+    """Forward + backward rows: the ops called directly, the drop-in and stock cuDNN's public
+    path, each a forward and the backward of its output (q, k, v [B, H, S, D], causal)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    leaves = tuple(t.detach().requires_grad_(True) for t in (q, k, v))
+
+    def ops_direct():
+        out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, True, scale, False)
+        return torch.ops.torch_sm90_sdpa.sdpa_backward.default(do, q, k, v, out, lse, True,
+                                                               scale, False)
+
+    def dropin():
+        out = torch_sm90_sdpa.scaled_dot_product_attention(*leaves, is_causal=True, scale=scale)
+        return torch.autograd.grad(out, leaves, do)
+
+    def stock_cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True,
+                                                                   scale=scale)
+        return torch.autograd.grad(out, leaves, do)
+
+    return {"forward + backward: the ops called directly (sdpa, sdpa_backward)": ops_direct,
+            "forward + backward: the drop-in, then torch.autograd.grad": dropin,
+            "forward + backward: stock F.scaled_dot_product_attention (cuDNN), autograd.grad":
+                stock_cudnn}
 
 
 def main():
@@ -91,6 +122,7 @@ def main():
                 do, q, k, v, o[0], o[1], o[6], o[7], None, o[2], o[3], o[4], o[5], 0.0, True,
                 scale=scale),
     }
+    rows.update(_public_path_rows(q, k, v, do, scale))
     for fn in rows.values():  # warm up
         for _ in range(20):
             fn()

@@ -48,7 +48,9 @@ def test_sdpa_fake_matches_real_on_cuda():
 
 def test_drop_in_falls_back_for_unsupported_cuda_calls(monkeypatch):
     """fp32 has no SM90 kernel: the call goes to stock SDPA and gives its gradients."""
-    monkeypatch.setattr(torch.ops.torch_sm90_sdpa, "sdpa", lambda *a: pytest.fail("op called"))
+    for owner, name in ((torch.ops.torch_sm90_sdpa, "sdpa"),
+                        (torch_sm90_sdpa.ops, "_sdpa_body")):  # (the eager drop-in's call)
+        monkeypatch.setattr(owner, name, lambda *a: pytest.fail("op called"))
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 64, 64, 64, dtype=torch.float32, device="cuda"))
     out = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
     grads = torch.autograd.grad(out.sum(), (q, k, v))

@@ -140,9 +140,8 @@ def test_drop_in_with_masks_matches_stock(kind):
 
 def test_drop_in_serves_masks_with_our_op(monkeypatch):
     calls = []
-    real = torch.ops.torch_sm90_sdpa.sdpa
-    monkeypatch.setattr(torch.ops.torch_sm90_sdpa, "sdpa",
-                        lambda *a: calls.append(a) or real(*a))
+    real = torch_sm90_sdpa.ops._sdpa_body  # the op's body, which the eager drop-in calls
+    monkeypatch.setattr(torch_sm90_sdpa.ops, "_sdpa_body", lambda *a: calls.append(a) or real(*a))
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 16, dtype=torch.float32))
     torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, attn_mask=causal_bool(8, 8))
     assert len(calls) == 1 and calls[0][-1] is not None

@@ -249,8 +249,9 @@ class TestDropIn:
     )
     def test_unservable_calls_go_to_stock(self, kwargs, monkeypatch, caplog):
         calls = []
-        monkeypatch.setattr(torch.ops.torch_sm90_sdpa, "sdpa",
-                            lambda *a: calls.append(a) or pytest.fail("op called"))
+        for owner, name in ((torch.ops.torch_sm90_sdpa, "sdpa"),
+                            (torch_sm90_sdpa.ops, "_sdpa_body")):  # (the eager drop-in's call)
+            monkeypatch.setattr(owner, name, lambda *a: calls.append(a) or pytest.fail("op called"))
         q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 8, dtype=torch.float32))
         no_grad = kwargs.pop("no_grad", False)
         if kwargs.get("attn_mask") == "mask":

@@ -1,9 +1,10 @@
 """The eager drop-in: ``torch_sm90_sdpa.scaled_dot_product_attention``.
 
 Same signature and result as ``torch.nn.functional.scaled_dot_product_attention``. Calls
-we can serve run the stock fused forward and our backward (``torch_sm90_sdpa::sdpa``; in
-eager mode inside ``ops.EagerSdpa``, a plain autograd.Function with a lighter backward node);
-every other call goes to the stock function unchanged. Each decision is logged on the
+we can serve run ``torch_sm90_sdpa::sdpa`` (the stock fused forward, or ours for a boolean
+mask on CUDA, and our backward); in eager mode its body inside ``ops.EagerSdpa``, a plain
+autograd.Function, without the op's dispatch and with a lighter backward node. Every other
+call goes to the stock function unchanged. Each decision is logged on the
 ``torch_sm90_sdpa`` logger at DEBUG.
 """
 from __future__ import annotations
@@ -204,7 +205,7 @@ def scaled_dot_product_attention(
         out, _ = torch.ops.torch_sm90_sdpa.sdpa(query, key, value, is_causal, resolved_scale,
                                                 enable_gqa, attn_mask)
     else:
-        # eager: the same op in a plain autograd.Function, a lighter backward node on the host
+        # eager: the op's body in a plain autograd.Function, lighter on the host both ways
         out, _ = EagerSdpa.apply(query, key, value, is_causal, resolved_scale, enable_gqa,
                                  attn_mask)
     return out
