@@ -31,12 +31,11 @@ MASK_KINDS = ("none", "bool [Sq, Sk]", "bool [B, 1, Sq, Sk]", "bool key padding 
 LAYOUTS = ("bhsd", "bshd", "last dim stride 2")
 
 # The op's documented limits where stock SDPA takes the call (message fragments): its
-# contract asks for a contiguous last dim, one head dim for query and value (the fused forward
-# needs Dv == D), and enable_gqa=True when the head counts differ (stock raises there too,
-# with its own message).
+# contract asks for a contiguous last dim, a backward kernel for Dv != D on CUDA, and
+# enable_gqa=True when the head counts differ (stock raises there too, with its own message).
 # On CUDA the ops run the SM90 kernels only: a head dim or dtype without one is refused there
 # ("head dim not compiled"), where the drop-in passes the call to stock.
-OP_REFUSALS = ("expected a contiguous last dimension", "needs Dv == D", "pass enable_gqa=True",
+OP_REFUSALS = ("expected a contiguous last dimension", "(Dv != D) has no SM90 backward", "pass enable_gqa=True",
                "head dim not compiled")
 
 

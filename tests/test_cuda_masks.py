@@ -334,7 +334,7 @@ def test_masked_forward_matches_fp64(kind, heads, kv_heads, dtype, expect_cudnn)
     mask = make_mask(kind, b, heads, s, s, dtype)
     scale = d ** -0.5
     if expect_cudnn:
-        assert ops._cudnn_masked_forward(q, k, v, False, scale, mask) is not None, "not cuDNN"
+        assert ops._cudnn_forward(q, k, v, False, scale, mask) is not None, "not cuDNN"
     out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, False, scale, True, mask)
     o64, lse64 = reference_out_lse(q, k, v, mask, False, scale)
     dead = lse64 == float("-inf")  # rows without a visible key

@@ -112,13 +112,39 @@ class TestSdpaOp:
         for g, r in zip(grads, ref):
             torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10)
 
+    @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+    @pytest.mark.parametrize("is_causal", [False, True])
+    def test_value_head_dim_differs(self, layout, is_causal):
+        """Dv != D (multi-head latent attention's q / k 192, v 128, scaled down): out [B, Hq,
+        Sq, Dv] laid out like q, the fake kernel agreeing, gradients against float64, opcheck."""
+        torch.manual_seed(4)
+        q, k, _ = make_qkv(2, 4, 2, 13, 21, 24, dtype=torch.float32, layout=layout)
+        v = make_qkv(2, 2, 2, 21, 21, 16, dtype=torch.float32, layout=layout)[0]
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out, lse = sdpa(q, k, v, is_causal, 0.2, True)
+        assert out.shape == (2, 4, 13, 16) and lse.shape == (2, 4, 13)
+        assert out.permute(*(sorted(range(4), key=lambda d: -q.stride(d)))).is_contiguous()
+        with FakeTensorMode() as mode:
+            fake = sdpa(*(mode.from_tensor(t) for t in (q, k, v)), is_causal, 0.2, True)
+        for r, f in zip((out, lse), fake):
+            assert (f.shape, f.stride(), f.dtype) == (r.shape, r.stride(), r.dtype)
+        grad_out = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), grad_out)
+        ref_out, *ref = reference_grads_fp64(q, k, v, grad_out, is_causal, 0.2)
+        torch.testing.assert_close(out, ref_out.float())
+        for g, r in zip(grads, ref):
+            assert g.shape == r.shape
+            torch.testing.assert_close(g, r.float(), rtol=1e-4, atol=1e-5)
+        torch.library.opcheck(sdpa.default, (q, k, v, is_causal, 0.2, True))
+
     def test_masked_forward_picks_cudnn_only_where_torch_allows(self, monkeypatch):
-        """The CUDA forward's cuDNN choice (ops._cudnn_masked_forward) declines without asking
-        torch for calls it keeps off cuDNN (no mask; a mask with is_causal), asks torch for a
-        masked call, with the mask as a 4-D bias of q's dtype, and declines where torch says
-        no (here CPU tensors; a CUDA build of torch without a driver raises from the check,
-        which counts as no), or where the check or cuDNN raises. The GPU suite checks that it
-        takes the usual masked calls (tests/test_cuda_masks.py)."""
+        """The CUDA forward's cuDNN choice (ops._cudnn_forward) declines without asking torch
+        for calls it keeps off cuDNN (no mask with Dv == D, FlashAttention-2's; a mask with
+        is_causal; is_causal with Sq != Sk and no mask), asks torch for a masked call, with the
+        mask as a 4-D bias of q's dtype, and for an unmasked one with Dv != D, and declines
+        where torch says no (here CPU tensors; a CUDA build of torch without a driver raises
+        from the check, which counts as no), or where the check or cuDNN raises. The GPU suite
+        checks that it takes the usual masked calls (tests/test_cuda_masks.py)."""
         from torch_sm90_sdpa import ops
 
         q, k, v = make_qkv(1, 4, 2, 16, 16, 16, dtype=torch.bfloat16)
@@ -131,20 +157,24 @@ class TestSdpaOp:
             return real(params, debug)
 
         monkeypatch.setattr(torch.backends.cuda, "can_use_cudnn_attention", spy)
-        assert ops._cudnn_masked_forward(q, k, v, False, 0.25, None) is None
-        assert ops._cudnn_masked_forward(q, k, v, True, 0.25, mask) is None
+        v_narrow = v[..., :8]  # Dv != D
+        assert ops._cudnn_forward(q, k, v, False, 0.25, None) is None
+        assert ops._cudnn_forward(q, k, v, True, 0.25, mask) is None
+        assert ops._cudnn_forward(q[:, :, :8], k, v_narrow, True, 0.25, None) is None
         assert asked == []
-        assert ops._cudnn_masked_forward(q, k, v, False, 0.25, mask) is None  # CPU: torch says no
+        assert ops._cudnn_forward(q, k, v, False, 0.25, mask) is None  # CPU: torch says no
         assert len(asked) == 1
         bias = asked[0].attn_mask
         assert bias.dtype == q.dtype and bias.dim() == 4
         assert torch.equal(bias[0, 0] == 0, mask) and torch.isinf(bias[0, 0][~mask]).all()
+        assert ops._cudnn_forward(q, k, v_narrow, True, 0.25, None) is None
+        assert len(asked) == 2 and asked[1].attn_mask is None and asked[1].is_causal
 
         def refuse(params, debug=False):
             raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
 
         monkeypatch.setattr(torch.backends.cuda, "can_use_cudnn_attention", refuse)
-        assert ops._cudnn_masked_forward(q, k, v, False, 0.25, mask) is None
+        assert ops._cudnn_forward(q, k, v, False, 0.25, mask) is None
 
     def test_backward_runs_our_op(self):
         """The backward of sdpa is sdpa_backward, seen by the dispatcher."""
@@ -180,6 +210,22 @@ class TestDropIn:
             out = fn(qq, kk, vv, is_causal=is_causal, scale=scale, enable_gqa=True)
             out.backward(torch.ones_like(out))  # also exercises an expanded grad_out
             grads.append((out, qq.grad, kk.grad, vv.grad))
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+    @pytest.mark.parametrize("is_causal", [False, True])
+    def test_value_head_dim_differs(self, is_causal):
+        """Dv != D on CPU: the drop-in serves it (its node, not stock's) with stock's result."""
+        torch.manual_seed(6)
+        q, k, _ = make_qkv(2, 4, 2, 24, 40, 24, dtype=torch.float32)
+        v = torch.randn(2, 2, 40, 16)
+        grads = []
+        for fn in (torch_sm90_sdpa.scaled_dot_product_attention, F.scaled_dot_product_attention):
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            out = fn(qq, kk, vv, is_causal=is_causal, enable_gqa=True)
+            grads.append((out, *torch.autograd.grad(out, (qq, kk, vv), torch.ones_like(out))))
+            if fn is not F.scaled_dot_product_attention:
+                assert type(out.grad_fn).__name__ == "EagerSdpaBackward"
         for a, b in zip(*grads):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 

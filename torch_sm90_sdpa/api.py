@@ -136,8 +136,6 @@ def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
     if query.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(query.device.type):
         # Stock SDPA casts mixed inputs under autocast; keep exactly its behaviour.
         return "autocast is enabled"
-    if value.size(-1) != query.size(-1):
-        return "value head dim differs from query head dim"
     if query.size(1) != key.size(1) and key.size(1) != 0 and not enable_gqa:
         return "head counts differ and enable_gqa is False"
     if query.device.type == "cuda":
@@ -159,7 +157,7 @@ def scaled_dot_product_attention(
 ) -> torch.Tensor:
     """Drop-in for ``F.scaled_dot_product_attention`` whose backward runs on our kernels.
 
-    query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, D]; Hq % Hkv == 0 with
+    query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, Dv]; Hq % Hkv == 0 with
     ``enable_gqa=True``. ``scale=None`` means ``1 / sqrt(D)``. attn_mask: a bool mask (True =
     attend) or an additive float mask (fp32 / fp16 / bf16) broadcastable to [B, Hq, Sq, Sk]; its
     backward skips the tiles the mask hides, and its forward is stock cuDNN's with the mask as

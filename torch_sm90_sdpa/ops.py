@@ -44,7 +44,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _extension, _validation
+from . import _extension, _validation, eligibility
 from ._cuda_backend import forward_unserved, sdpa_backward_python, sdpa_forward_cuda
 from .reference import attention_backward_reference, attention_forward_reference, expand_mask
 
@@ -211,10 +211,12 @@ def _efficient_bias(bias: Tensor, q: Tensor, k: Tensor) -> Tensor:
     return expand_mask(bias, q.size(0), q.size(1), q.size(2), k.size(2))
 
 
-def _cudnn_masked_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float,
-                          attn_mask) -> Optional[tuple[Tensor, Tensor]]:
-    """(out, lse [B, Hq, Sq]) from cuDNN's fused forward for a masked CUDA call, or None where
-    torch says cuDNN cannot take it (torch.backends.cuda.can_use_cudnn_attention: the user's
+def _cudnn_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float,
+                   attn_mask) -> Optional[tuple[Tensor, Tensor]]:
+    """(out, lse [B, Hq, Sq]) from cuDNN's fused forward for a masked CUDA call, or an unmasked
+    one with Dv != D (FlashAttention-2 needs Dv == D; is_causal only with Sq == Sk, where the
+    alignment of the causal mask does not matter), or None where torch says cuDNN cannot take
+    it (torch.backends.cuda.can_use_cudnn_attention: the user's
     backend switches, dtype, head dim, mask layout; a mask combined with is_causal, which
     stock SDPA never passes, stays on the memory-efficient kernel). This is the forward
     stock SDPA picks for a masked call on Hopper, and it takes GQA natively; the
@@ -223,11 +225,16 @@ def _cudnn_masked_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scal
     A bool mask becomes a 0 / -inf bias of q's dtype (not torch's 0 / -65504 for cuDNN), so
     that a row without visible keys gets out = 0, as in every other SDPA backend, and the
     backward (which takes the user's mask) agrees with the forward."""
-    if attn_mask is None or is_causal:
+    if attn_mask is None:
+        if v.size(-1) == q.size(-1) or (is_causal and q.size(2) != k.size(2)):
+            return None
+        bias = None
+    elif is_causal:
         return None
-    bias = _float_mask(attn_mask, q.dtype).to(q.dtype)
-    while bias.dim() < 4:
-        bias = bias.unsqueeze(0)
+    else:
+        bias = _float_mask(attn_mask, q.dtype).to(q.dtype)
+        while bias.dim() < 4:
+            bias = bias.unsqueeze(0)
     gqa = q.size(1) != k.size(1)
     # Either step may raise where cuDNN is not usable after all (the check itself raised
     # "CUDA driver version is insufficient" on a CUDA build of torch 2.9 without a driver;
@@ -243,7 +250,7 @@ def _cudnn_masked_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scal
     except RuntimeError as e:
         log.debug("sdpa forward: cuDNN not usable (%s); memory-efficient kernel", e)
         return None
-    log.debug("sdpa forward: cuDNN with the mask as a bias")
+    log.debug("sdpa forward: cuDNN%s", " with the mask as a bias" if bias is not None else "")
     lse = res[1]  # [B, Hq, Sq, 1]
     return res[0], lse[..., 0] if lse.dim() == 4 else lse
 
@@ -259,6 +266,16 @@ def _cpu_stock_mask(attn_mask, q: Tensor):
     0 / -inf; the kernel misreads a float mask of another dtype)."""
     mask = _float_mask(attn_mask, q.dtype)
     return mask.to(q.dtype) if mask is not None else None
+
+
+def _empty_out(q: Tensor, head_dim_v: int) -> Tensor:
+    """An uninitialized out [B, Hq, Sq, Dv] laid out like q: torch.empty_like(q) when Dv == D,
+    else q's dims in q's stride order (outermost first; ties keep the logical order)."""
+    if head_dim_v == q.size(-1):
+        return torch.empty_like(q)
+    order = sorted(range(q.dim()), key=lambda d: (-q.stride(d), d))
+    return torch.empty_permuted((*q.shape[:-1], head_dim_v), order, dtype=q.dtype,
+                                device=q.device)
 
 
 def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float,
@@ -279,13 +296,14 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
         else:
             out, lse = attention_forward_reference(q, k, v, is_causal, scale, attn_mask)
     elif q.device.type == "cuda":
-        res = _cudnn_masked_forward(q, k, v, is_causal, scale, attn_mask)
+        res = _cudnn_forward(q, k, v, is_causal, scale, attn_mask)
         if res is not None:
             out, lse = res
-        elif attn_mask is not None or (is_causal and q.size(2) != k.size(2)):
+        elif attn_mask is not None or (is_causal and q.size(2) != k.size(2)) or \
+                v.size(-1) != q.size(-1):
             # The memory-efficient kernel: it takes a mask (an additive bias of q's dtype,
-            # [B, H, Sq, Sk]-broadcastable) and aligns a causal mask top-left like SDPA (FA2
-            # aligns it bottom-right when Sq != Sk). It has no GQA: repeat the kv heads. Its
+            # [B, H, Sq, Sk]-broadcastable), aligns a causal mask top-left like SDPA (FA2
+            # aligns it bottom-right when Sq != Sk) and takes Dv != D. It has no GQA: repeat the kv heads. Its
             # lse is padded to a multiple of 32 rows: keep the first Sq.
             group = q.size(1) // k.size(1)
             if group > 1:
@@ -308,7 +326,7 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
             f"torch_sm90_sdpa.sdpa: no forward for device type {q.device.type!r} "
             "(expected cpu or cuda)"
         )
-    want = torch.empty_like(q)
+    want = _empty_out(q, v.size(-1))
     if out.stride() != want.stride():
         out = want.copy_(out)
     return out, lse.to(_lse_dtype(q)).contiguous()
@@ -318,11 +336,6 @@ def _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask):
     _validation.check_attention_inputs(q, k, v)
     _validation.check_scale(scale)
     _validation.check_attn_mask(attn_mask, q, k)
-    if v.size(-1) != q.size(-1):
-        raise ValueError(
-            f"value: expected head dim {q.size(-1)} (query.size(-1); the fused forward "
-            f"needs Dv == D), got {v.size(-1)}"
-        )
     if q.size(1) != k.size(1) and k.size(1) != 0 and not enable_gqa:
         raise ValueError(
             f"key: expected {q.size(1)} heads like query, got {k.size(1)}; pass "
@@ -330,6 +343,15 @@ def _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask):
         )
     if q.device.type == "cuda":
         _validation.check_cuda_kernel_dtype(q)
+        if v.size(-1) != q.size(-1):
+            # the forward is stock's (cuDNN or the memory-efficient kernel), the backward ours:
+            # refuse here a pair the backward kernel was not built for, not at backward time
+            why = eligibility.kernel_verdict(q.dtype, q.size(-1), v.size(-1), q.size(1),
+                                             k.size(1), eligibility.device_capability(q.device),
+                                             False)
+            if why is not None:
+                raise ValueError(f"value: head dim {v.size(-1)} with query's {q.size(-1)} (Dv != "
+                                 f"D) has no SM90 backward here ({why})")
 
 
 def _sdpa_body(
@@ -356,10 +378,10 @@ sdpa = torch.library.custom_op("torch_sm90_sdpa::sdpa", _sdpa_body, mutates_args
 
 @sdpa.register_fake
 def _sdpa_fake(q, k, v, is_causal=False, scale=None, enable_gqa=False, attn_mask=None):
-    """The op's contract: out [B, Hq, Sq, Dv] with the strides of torch.empty_like(q) (Dv == D);
-    lse [B, Hq, Sq] contiguous, float64 for float64 inputs, else float32."""
+    """The op's contract: out [B, Hq, Sq, Dv] laid out like q (torch.empty_like(q) when
+    Dv == D); lse [B, Hq, Sq] contiguous, float64 for float64 inputs, else float32."""
     _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask)
-    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
+    return _empty_out(q, v.size(-1)), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
 
 
 def _sdpa_setup_context(ctx, inputs, output):

@@ -237,12 +237,15 @@ def _masked_faster_than_stock(call: AttentionBackwardCall, model: Optional[str])
 def faster_than_stock(call: AttentionBackwardCall) -> Decision:
     """The speed gate: route only where our kernel measured faster than the stock one, on the
     call's GPU model (:func:`gate_tables`)."""
+    head_dim, head_dim_v = call.q.size(-1), call.v.size(-1)
+    if not _known(head_dim_v == head_dim):  # (the rows are keyed by D alone, with Dv == D)
+        return _no(R_SLOWER, f"Dv != D (D = {head_dim}, Dv = {head_dim_v}): no measured rows; "
+                             "enable(only_faster=False) routes it anyway")
     model = gate_device(call.device)
     if call.has_mask:
         return _masked_faster_than_stock(call, model)
     if call.backend != "cudnn":
         return ROUTE  # flash / efficient: see the comment above MEASURED_DEVICES
-    head_dim = call.q.size(-1)
     case = "causal" if call.is_causal else "full"
     seqlen_k = call.k.size(2)
     mha = _known(call.q.size(1) == call.k.size(1))  # (symbolic head counts: GQA's gate)
