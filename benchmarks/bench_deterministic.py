@@ -7,9 +7,12 @@ the repeats, backward only (ours through torch.ops.torch_sm90_sdpa.sdpa_backward
 deterministic=True / False). Each row also checks that two deterministic runs of ours are
 bitwise identical ("repeat: ok"). --orders also times both orders of the deterministic mode
 (DeterministicOrder in csrc/bwd_params.h, forced through TORCH_SM90_SDPA_DETERMINISTIC_ORDER),
-interleaved with the rest.
+interleaved with the rest. --walk also times the deterministic mode with the GQA group walk
+switched off (TORCH_SM90_SDPA_GQA_WALK=0: one fp32 dK / dV tile per q head, summed by the
+postprocess) and adds GQA rows (4 and 8 q heads per kv head, causal and full, 2k to 16k keys).
 
-    python benchmarks/bench_deterministic.py [--quick] [--orders] [--dims 64,128,256] [--seqs 2048,8192]
+    python benchmarks/bench_deterministic.py [--quick] [--orders] [--walk] [--dims 64,128,256]
+                                             [--seqs 2048,8192]
 """
 import math
 import sys
@@ -22,17 +25,21 @@ from bench_bwd import backend_efficient, backend_flash, grid, grid_parser, make,
 
 
 ORDER_ENV = "TORCH_SM90_SDPA_DETERMINISTIC_ORDER"
+WALK_ENV = "TORCH_SM90_SDPA_GQA_WALK"
 
 
-def ours(q, k, v, dout, causal, scale, deterministic, order=None):
-    """order: None (the device layer's choice), "ascending" or "descending" (forced)."""
+def ours(q, k, v, dout, causal, scale, deterministic, order=None, env_var=None):
+    """order: None (the device layer's choice), "ascending" or "descending" (forced); env_var:
+    None, or (name, value) of a device-layer switch set around each call."""
     o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, q.shape[1] != k.shape[1])
     op = torch.ops.torch_sm90_sdpa.sdpa_backward
+    if order is not None:
+        env_var = (ORDER_ENV, order)
 
     def run():
-        if order is None:
+        if env_var is None:
             return op(dout, q, k, v, o, lse, causal, scale, deterministic)
-        with _extension.switch_env(ORDER_ENV, order):
+        with _extension.switch_env(*env_var):
             return op(dout, q, k, v, o, lse, causal, scale, deterministic)
     return run
 
@@ -48,7 +55,7 @@ def under_deterministic(fn):
     return run
 
 
-def run_row(label, b, hq, hkv, s, d, causal, reps, orders):
+def run_row(label, b, hq, hkv, s, d, causal, reps, orders, walk=False):
     q, k, v, dout = make(b, hq, hkv, s, d, torch.bfloat16)
     scale = 1.0 / math.sqrt(d)
     fns, notes = {}, []
@@ -57,6 +64,9 @@ def run_row(label, b, hq, hkv, s, d, causal, reps, orders):
     if orders:
         for order in ("ascending", "descending"):
             fns[f"det-{order[:3]}"] = ours(q, k, v, dout, causal, scale, True, order)
+    walk = walk and hq != hkv
+    if walk:
+        fns["det-nowalk"] = ours(q, k, v, dout, causal, scale, True, env_var=(WALK_ENV, "0"))
     for name, make_fn in (("flash-det", backend_flash), ("efficient-det", backend_efficient)):
         try:
             fn = under_deterministic(make_fn(q, k, v, dout, causal, scale))
@@ -67,6 +77,9 @@ def run_row(label, b, hq, hkv, s, d, causal, reps, orders):
             notes.append(f"{name}: {type(exc).__name__}")
     first, second = fns["ours-det"](), fns["ours-det"]()
     same = all(torch.equal(x, y) for x, y in zip(first, second))
+    if walk:  # the other way of the mode: repeatable too
+        third, fourth = fns["det-nowalk"](), fns["det-nowalk"]()
+        same = same and all(torch.equal(x, y) for x, y in zip(third, fourth))
     fast = fns["ours"]()
     rel = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(first, fast))
     notes.append(f"repeat: {'ok' if same else 'DIFFERS'}, vs default mode {rel:.1e}")
@@ -78,6 +91,8 @@ def run_row(label, b, hq, hkv, s, d, causal, reps, orders):
     vs_stock = tf["ours-det"] / stock
     by_order = (f"  asc {tf['det-asc'] / tf['ours']:4.2f} desc {tf['det-des'] / tf['ours']:4.2f}"
                 if orders else "")
+    if walk:
+        by_order += f"  nowalk {tf['det-nowalk'] / tf['ours']:4.2f}"
     print(f"{label:38s} {tf['ours-det']:8.0f} {tf['ours']:6.0f} {stock:9.0f}   {own:5.2f} {vs_stock:8.2f}"
           f"{by_order}   {'; '.join(notes)}", flush=True)
     del q, k, v, dout, fns
@@ -89,19 +104,30 @@ def main():
     ap = grid_parser(__doc__)
     ap.add_argument("--orders", action="store_true",
                     help="also time both deterministic orders (det/own ratio of each)")
+    ap.add_argument("--walk", action="store_true",
+                    help="also time GQA rows with the group walk off (TORCH_SM90_SDPA_GQA_WALK=0), "
+                         "and add GQA rows of 4 and 8 q heads per kv head, 2k-16k keys")
     a = ap.parse_args()
     g = grid(a)
     if g is None:
         return 1
     reps, grid_rows = g
     print(f"{'row':38s} {'ours-det':>8s} {'ours':>6s} {'stock-det':>9s}   {'det/own':>7s} {'det/stock':>8s}")
-    rows = [run_row(label, b, h, h, s, d, causal, reps, a.orders)
+    rows = [run_row(label, b, h, h, s, d, causal, reps, a.orders, a.walk)
             for label, b, h, s, d, causal in grid_rows]
     if not a.no_gqa:
         for label, hq, hkv in (("GQA d=128 causal s=8192 32q/8kv b=2", 32, 8),
                                ("GQA d=128 causal s=8192 8q/1kv b=2", 8, 1),
                                ("MHA d=128 causal s=8192 32q b=2", 32, 32)):
-            rows.append(run_row(label, 2, hq, hkv, 8192, 128, True, reps, a.orders))
+            rows.append(run_row(label, 2, hq, hkv, 8192, 128, True, reps, a.orders, a.walk))
+    if a.walk:
+        for s in (2048, 8192, 16384):
+            for hq, hkv in ((16, 4), (32, 4)):
+                for causal in (True, False):
+                    b = max(1, 16384 // s)
+                    label = (f"GQA d=128 {'causal' if causal else 'full'} s={s} {hq}q/{hkv}kv "
+                             f"b={b}")
+                    rows.append(run_row(label, b, hq, hkv, s, 128, causal, reps, a.orders, True))
     own = [r[0] for r in rows]
     print(f"deterministic / own default mode: min {min(own):.2f}, geometric mean "
           f"{math.exp(sum(map(math.log, own)) / len(own)):.3f} over {len(own)} rows; "

@@ -296,13 +296,19 @@ Decision can_implement(const BwdProblem& p) {
 
 int gqa_heads_per_cta(const BwdProblem& p) {
   if (p.heads_kv <= 0 || p.heads_q <= 0 || p.heads_q == p.heads_kv ||
-      p.heads_q % p.heads_kv != 0 || p.deterministic) {
+      p.heads_q % p.heads_kv != 0) {
     return 1;
   }
   const int bn = tile_block_n(p.head_dim);
   if (bn <= 0) return 1;
   const Override walk = switches().gqa_walk;
   if (walk == Override::kOff) return 1;
+  if (p.deterministic) {
+    if (p.mask_kind != 0 && mask_instances_heads(p) != 1) return 1;
+    if (walk == Override::kOn) return p.heads_q / p.heads_kv;
+    const int64_t ctas = int64_t(p.batch) * p.heads_kv * ((p.seqlen_k + bn - 1) / bn);
+    return ctas >= (p.num_sms > 0 ? p.num_sms : kMinGroupWalkCtas) ? p.heads_q / p.heads_kv : 1;
+  }
   // Masked calls walk only when forced, and only under a mask shared by the heads (a per-head
   // mask gives the group's heads different walks). The masked kernel's walk measured both
   // faster and slower (H200, d128 s8192 causal bias, main kernel: GQA 16 / 8 2.455 -> 2.273 ms,
@@ -679,11 +685,10 @@ void run(const BwdParams& params, cudaStream_t stream) {
   const bool gqa = p0.heads_q != p0.heads_kv;
   const int group = gqa ? p0.heads_q / p0.heads_kv : 1;
   if (p0.heads_per_cta != 1 &&
-      (!gqa || p0.heads_per_cta != group || p0.deterministic ||
+      (!gqa || p0.heads_per_cta != group ||
        (p0.mask_kind != MaskKind::kNone && p0.mask_heads != 1))) {
     fail_value(cat(what, ": heads_per_cta (", p0.heads_per_cta, ") must be 1, or the GQA group (",
-                   group, ") in the default mode with no mask or one shared by the heads (fill "
-                   "it with make_params)"));
+                   group, ") with no mask or one shared by the heads (fill it with make_params)"));
   }
   // dK / dV through the fp32 accumulators: GQA with one q head per CTA
   const bool dkv_accum = gqa && p0.heads_per_cta == 1;

@@ -82,3 +82,26 @@ def test_both_orders_with_masks(kind, is_causal, order, switch_env):
     switch_env.setenv("TORCH_SM90_SDPA_DETERMINISTIC_ORDER", order)
     run_masked(kind, 2, 8, 2, 1500, 1500, 128, torch.bfloat16, is_causal=is_causal,
                deterministic=True, repeats=9)
+
+
+@pytest.mark.parametrize("walk", ["0", "1"], ids=["per-q-head tiles", "walked group"])
+@pytest.mark.parametrize("case", ["gqa 8/2 odd lengths", "gqa causal Sq < Sk", "d64 gqa causal",
+                                  "mqa 8/1 causal", "d256 mqa full"])
+def test_gqa_both_ways(case, walk, switch_env):
+    """Deterministic GQA either way, forced (TORCH_SM90_SDPA_GQA_WALK; the device layer walks
+    from one wave of CTAs): one fp32 dK / dV tile per q head summed by the postprocess, or a
+    CTA walking its kv head's group, dK / dV summed in registers. Both repeatable, accurate."""
+    switch_env.setenv("TORCH_SM90_SDPA_GQA_WALK", walk)
+    b, hq, hkv, sq, sk, d, causal = CASES[case]
+    run_case(b, hq, hkv, sq, sk, d, torch.bfloat16, causal, seed=SEEDS.get(case, 5),
+             deterministic=True, repeats=9)
+
+
+@pytest.mark.parametrize("walk", ["0", "1"], ids=["per-q-head tiles", "walked group"])
+@pytest.mark.parametrize("kind,is_causal", [("padding right", True), ("sliding window", False),
+                                            ("random per head", False)])
+def test_gqa_masked_both_ways(kind, is_causal, walk, switch_env):
+    """The same under masks (a per-head mask keeps one q head per CTA whatever the switch)."""
+    switch_env.setenv("TORCH_SM90_SDPA_GQA_WALK", walk)
+    run_masked(kind, 2, 8, 2, 1500, 1500, 128, torch.bfloat16, is_causal=is_causal,
+               deterministic=True, repeats=9)
