@@ -303,11 +303,9 @@ int gqa_heads_per_cta(const BwdProblem& p) {
   if (bn <= 0) return 1;
   const Override walk = switches().gqa_walk;
   if (walk == Override::kOff) return 1;
-  if (p.deterministic) {
-    if (p.mask_kind != 0 && mask_instances_heads(p) != 1) return 1;
-    if (walk == Override::kOn) return p.heads_q / p.heads_kv;
-    const int64_t ctas = int64_t(p.batch) * p.heads_kv * ((p.seqlen_k + bn - 1) / bn);
-    return ctas >= (p.num_sms > 0 ? p.num_sms : kMinGroupWalkCtas) ? p.heads_q / p.heads_kv : 1;
+  if (p.deterministic) {  // walked only when forced, until measured (see the header)
+    if (walk != Override::kOn || (p.mask_kind != 0 && mask_instances_heads(p) != 1)) return 1;
+    return p.heads_q / p.heads_kv;
   }
   // Masked calls walk only when forced, and only under a mask shared by the heads (a per-head
   // mask gives the group's heads different walks). The masked kernel's walk measured both

@@ -143,11 +143,11 @@ struct BwdPointers {
 // (TORCH_SM90_SDPA_GQA_WALK) overrides the rule: off keeps 1, on takes the group whatever the
 // CTA count and group size, and also under a mask shared by the heads (masked calls do not
 // walk by default: their walk measured inconsistently).
-// Deterministic mode walks any group, with or without a mask shared by the heads, where its
-// CTAs (one per kv head and key block: the mode is not persistent) make at least one wave
-// (num_sms, else kMinGroupWalkCtas): its other way stores one fp32 dK / dV tile per q head and
-// sums them in the postprocess, where the walk sums them in registers, in q-head order (as
-// repeatable). Switches::gqa_walk off keeps 1, on walks whatever the CTA count.
+// Deterministic mode walks only when the switch forces it (any group, with no mask or one
+// shared by the heads): the walk sums the group's dK / dV in registers in q-head order, as
+// repeatable as the default way, which stores one fp32 tile per q head and sums them in the
+// postprocess. It passed the deterministic GPU tests (H100); it becomes the rule once
+// benchmarks/bench_deterministic.py --walk measures it faster.
 constexpr int64_t kMinGroupWalkCtas = 512;  // about four waves on 132 SMs
 // Groups of 8 measured slower walked than not (H200, d128 s8192 b2 is_causal, main kernel,
 // GQA 32 / 4: 4.899 ms walked, 4.698 not; H100: 0.89-0.91x of cuDNN walked); groups of 2 and 4

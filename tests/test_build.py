@@ -313,11 +313,9 @@ def test_gqa_group_walk_decision(switch_env):
     """GQA in the default mode: one CTA walks its kv head's whole group of q heads
     (heads_per_cta; it stores dK / dV itself, so no fp32 accumulators are laid out) once the kv
     heads' key blocks make at least 512 CTAs (kMinGroupWalkCtas) and the group is at most 4
-    heads (kMaxWalkGroup: walked groups of 8 measured slower), unless masked. Deterministic
-    mode walks any group, also under a mask shared by the heads, from one wave of CTAs (the
-    SM count; kMinGroupWalkCtas where it is not known, as here).
+    heads (kMaxWalkGroup: walked groups of 8 measured slower), unless masked or deterministic.
     TORCH_SM90_SDPA_GQA_WALK=0 switches it off, =1 on whatever the CTA count and group size,
-    and under a mask shared by the heads (a per-head mask never walks)."""
+    under a mask shared by the heads (a per-head mask never walks) and in deterministic mode."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
     d = 128  # (the decision reads the generated tile table, built variant or not)
@@ -337,9 +335,7 @@ def test_gqa_group_walk_decision(switch_env):
     assert w.dk_accum == w.dv_accum == w.dpsum  # no accumulators between dq_accum and dpsum
     fewer = layout(32, 8, sk - n)  # 504 CTAs
     assert fewer.heads_per_cta == 1 and fewer.gqa and fewer.dv_accum > fewer.dk_accum
-    assert layout(32, 8, sk, deterministic=True).heads_per_cta == 4
-    assert layout(64, 8, sk, deterministic=True).heads_per_cta == 8  # any group
-    assert layout(32, 8, sk - n, deterministic=True).heads_per_cta == 1  # 504 CTAs
+    assert layout(32, 8, sk, deterministic=True).heads_per_cta == 1  # walked only when forced
     assert layout(8, 8, sk, deterministic=True).heads_per_cta == 1  # MHA
     assert layout(8, 8, sk).heads_per_cta == 1  # MHA
     assert layout(16, 8, sk).heads_per_cta == 2
@@ -349,17 +345,17 @@ def test_gqa_group_walk_decision(switch_env):
     per_head = torch.zeros(1, 32, 1, sk, dtype=torch.bool)
     assert layout(32, 8, sk, mask=shared).heads_per_cta == 1  # masked: only when forced
     assert layout(32, 8, sk, mask=per_head).heads_per_cta == 1
-    assert layout(32, 8, sk, deterministic=True, mask=shared).heads_per_cta == 4
-    assert layout(32, 8, sk, deterministic=True, mask=per_head).heads_per_cta == 1
     switch_env.setenv("TORCH_SM90_SDPA_GQA_WALK", "0")
     assert layout(32, 8, sk).heads_per_cta == 1
-    assert layout(32, 8, sk, deterministic=True).heads_per_cta == 1
     switch_env.setenv("TORCH_SM90_SDPA_GQA_WALK", "1")
     assert layout(32, 8, sk, mask=shared).heads_per_cta == 4
     assert layout(32, 8, sk, mask=per_head).heads_per_cta == 1
     assert layout(4, 2, 100).heads_per_cta == 2
     assert layout(32, 4, 2 * sk).heads_per_cta == 8  # forced: any group size
-    assert layout(4, 2, 100, deterministic=True).heads_per_cta == 2
+    assert layout(4, 2, 100, deterministic=True).heads_per_cta == 2  # forced: deterministic too
+    assert layout(64, 8, sk, deterministic=True).heads_per_cta == 8
+    assert layout(32, 8, sk, deterministic=True, mask=shared).heads_per_cta == 4
+    assert layout(32, 8, sk, deterministic=True, mask=per_head).heads_per_cta == 1
     # make_params passes it on, with the accumulators null
     q = torch.randn(1, 4, 70, d, dtype=torch.bfloat16)
     k = torch.randn(1, 2, 90, d, dtype=torch.bfloat16)

@@ -1220,13 +1220,14 @@ class TestSpeedGate(unittest.TestCase):
             self.assertEqual([walks(c) for c in (eight, sixteen)], [8, 16])
             self.assertIn("groups of 8", policy.faster_than_stock(eight).detail)
             self.assertEqual(policy.faster_than_stock(eight).reason, policy.R_SLOWER)
-        # what the kernel does decides it: deterministic mode walks too (any group, from one
-        # wave of CTAs); no walk with the walk switched off (read at compile time, part of the
-        # pass's cache key)
+        # what the kernel does decides it: no walk under deterministic algorithms unless
+        # forced, nor with the walk switched off (read at compile time, part of the pass's
+        # cache key)
         gpt.deterministic = True
-        self.assertEqual(walks(gpt), 2)
-        with _extension.switch_env("TORCH_SM90_SDPA_GQA_WALK", "0"):
-            self.assertEqual(walks(gpt), 1)
+        self.assertEqual(walks(gpt), 1)
+        self.assertEqual(policy.faster_than_stock(gpt).reason, policy.R_SLOWER)
+        with _extension.switch_env("TORCH_SM90_SDPA_GQA_WALK", "1"):
+            self.assertEqual(walks(gpt), 2)
         gpt.deterministic = False
         with _extension.switch_env("TORCH_SM90_SDPA_GQA_WALK", "0"):
             self.assertEqual(walks(gpt), 1)

@@ -337,9 +337,8 @@ def gqa_heads_per_cta(q, k, v, out, grad_out, *, is_causal: bool, deterministic:
                       mask=None) -> int:
     """The q heads one main-kernel CTA walks for this call (the C++ rule, ``_C.workspace_layout``:
     the whole GQA group, of at most 4 q heads, when its kv heads' key blocks make enough CTAs,
-    unmasked (deterministic: any group, also under a mask shared by the heads),
-    ``TORCH_SM90_SDPA_GQA_WALK`` as _C read it (=1: any group); else 1; with no SM count given
-    here, deterministic mode's threshold is kMinGroupWalkCtas, not the device's SM count). 1 when ``_C`` is not built, and when the batch, head counts or key length are symbolic:
+    unmasked, not deterministic, ``TORCH_SM90_SDPA_GQA_WALK`` as _C read it (=1: any group,
+    also deterministic); else 1). 1 when ``_C`` is not built, and when the batch, head counts or key length are symbolic:
     the count is then not known for every size the graph serves. Shapes as
     :func:`kernel_decision`'s."""
     sizes = (q.size(0), q.size(1), k.size(1), k.size(2), q.size(-1), v.size(-1))
