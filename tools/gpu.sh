@@ -38,8 +38,10 @@
 #
 # Environment:
 #   GIT_COMMIT  the commit of the tree sent, recorded in the benchmarks' JSON meta and the
-#               summary (the GPU machine's copy of .git may lag): set it,
-#               GIT_COMMIT=$(git rev-parse --short HEAD)
+#               summary. The GPU machine's copy of .git may lag the tree sent: take the hash
+#               where the commit was made and write it into the command
+#               (GIT_COMMIT=<hash> tools/gpu.sh ...); $(git rev-parse --short HEAD) is right
+#               only in the checkout that made the commit
 #   .whl/       wheels the GPU machine lacks (nvidia-cutlass, expecttest, ...; it has no
 #               internet): carry the folder; they are installed with pip --no-index --target
 #               build/gpu_deps, which goes on PYTHONPATH. .whl/transformers/ (for `steps`):
