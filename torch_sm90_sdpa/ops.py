@@ -303,8 +303,8 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
                 v.size(-1) != q.size(-1):
             # The memory-efficient kernel: it takes a mask (an additive bias of q's dtype,
             # [B, H, Sq, Sk]-broadcastable), aligns a causal mask top-left like SDPA (FA2
-            # aligns it bottom-right when Sq != Sk) and takes Dv != D. It has no GQA: repeat the kv heads. Its
-            # lse is padded to a multiple of 32 rows: keep the first Sq.
+            # aligns it bottom-right when Sq != Sk) and takes Dv != D. It has no GQA: repeat
+            # the kv heads. Its lse is padded to a multiple of 32 rows: keep the first Sq.
             group = q.size(1) // k.size(1)
             if group > 1:
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
