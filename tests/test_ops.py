@@ -213,6 +213,18 @@ class TestDropIn:
         for a, b in zip(*grads):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
+    def test_eager_forward_skips_the_op_dispatch(self):
+        """The eager drop-in runs the op's body itself (ops._sdpa_body): the dispatcher sees
+        the body's aten ops, not torch_sm90_sdpa.sdpa (its dispatch cost host time for
+        nothing); the backward is still the sdpa_backward op."""
+        q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 8, dtype=torch.float32))
+        seen, out = _dispatched_ops(
+            lambda: torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, is_causal=True))
+        assert type(out.grad_fn).__name__ == "EagerSdpaBackward"
+        assert seen and not any(op.startswith("torch_sm90_sdpa.") for op in seen), seen
+        seen, _ = _dispatched_ops(lambda: out.sum().backward())
+        assert "torch_sm90_sdpa.sdpa_backward.default" in seen
+
     @pytest.mark.parametrize("is_causal", [False, True])
     def test_value_head_dim_differs(self, is_causal):
         """Dv != D on CPU: the drop-in serves it (its node, not stock's) with stock's result."""
