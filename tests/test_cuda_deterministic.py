@@ -88,8 +88,8 @@ def test_both_orders_with_masks(kind, is_causal, order, switch_env):
 @pytest.mark.parametrize("case", ["gqa 8/2 odd lengths", "gqa causal Sq < Sk", "d64 gqa causal",
                                   "mqa 8/1 causal", "d256 mqa full"])
 def test_gqa_both_ways(case, walk, switch_env):
-    """Deterministic GQA either way, forced (TORCH_SM90_SDPA_GQA_WALK; the device layer walks
-    from one wave of CTAs): one fp32 dK / dV tile per q head summed by the postprocess, or a
+    """Deterministic GQA either way, forced (TORCH_SM90_SDPA_GQA_WALK; the device layer keeps
+    the first unless forced): one fp32 dK / dV tile per q head summed by the postprocess, or a
     CTA walking its kv head's group, dK / dV summed in registers. Both repeatable, accurate."""
     switch_env.setenv("TORCH_SM90_SDPA_GQA_WALK", walk)
     b, hq, hkv, sq, sk, d, causal = CASES[case]

@@ -338,9 +338,9 @@ def gqa_heads_per_cta(q, k, v, out, grad_out, *, is_causal: bool, deterministic:
     """The q heads one main-kernel CTA walks for this call (the C++ rule, ``_C.workspace_layout``:
     the whole GQA group, of at most 4 q heads, when its kv heads' key blocks make enough CTAs,
     unmasked, not deterministic, ``TORCH_SM90_SDPA_GQA_WALK`` as _C read it (=1: any group,
-    also deterministic); else 1). 1 when ``_C`` is not built, and when the batch, head counts or key length are symbolic:
-    the count is then not known for every size the graph serves. Shapes as
-    :func:`kernel_decision`'s."""
+    also deterministic); else 1). 1 when ``_C`` is not built, and when the batch, head counts
+    or key length are symbolic: the count is then not known for every size the graph serves.
+    Shapes as :func:`kernel_decision`'s."""
     sizes = (q.size(0), q.size(1), k.size(1), k.size(2), q.size(-1), v.size(-1))
     if not all(isinstance(x, int) for x in sizes) or sizes[1] == sizes[2]:
         return 1
