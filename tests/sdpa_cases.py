@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_sm90_sdpa
+from torch_sm90_sdpa import api as _api
 
 sdpa_op = torch.ops.torch_sm90_sdpa.sdpa
 sdpa_backward_op = torch.ops.torch_sm90_sdpa.sdpa_backward
@@ -219,6 +220,15 @@ def _err(x, ref) -> float:
     return diff / max(1.0, ref.abs().max().item())
 
 
+def _drop_in_serves(q, k, v, mask, case, grad_mode) -> bool:
+    """Whether the drop-in runs the call itself (api._unservable_reason finds nothing), with
+    the inputs as check_case hands them to it (leaves that need a gradient in grad mode)."""
+    leaves = [t.detach().requires_grad_(grad_mode) for t in (q, k, v)]
+    with torch.set_grad_enabled(grad_mode):
+        return _api._unservable_reason(*leaves, mask, 0.0, case.enable_gqa, case.is_causal,
+                                       case.scale) is None
+
+
 def check_case(case: Case, device, entry_points=None, grad_mode: bool = True) -> list[str]:
     """Runs every entry point and stock on the case; returns what differs (empty: agrees).
     The reference is stock SDPA on float64 copies of the inputs."""
@@ -244,8 +254,12 @@ def check_case(case: Case, device, entry_points=None, grad_mode: bool = True) ->
         fused = outcome(lambda: run_stock(q, k, v, mask.to(q.dtype), case, go))
         if fused[0] == "ok":
             stock_refusal = stock if stock[0] == "error" else None
-            # (with is_causal the drop-in passes a masked call to stock)
-            drop_in_stock = stock if stock[0] == "ok" and case.is_causal else None
+            # The drop-in passes to stock a masked call with is_causal, and any call it does
+            # not serve (on CUDA: a dtype or head dim this build has no kernel for): there it
+            # gives stock's own answer
+            if stock[0] == "ok" and (case.is_causal or not _drop_in_serves(q, k, v, mask, case,
+                                                                          grad_mode)):
+                drop_in_stock = stock
             stock = fused
     ref = None
     if stock[0] == "error" and case.is_causal and mask is not None and \
