@@ -453,6 +453,9 @@ def test_forward_routed_llama_padded_batch(compile_env):
 
 
 def test_forward_routed_sliding_window(compile_env):
+    """Left padding: the pad rows see no key, and the last pad position predicts the first
+    token, so the loss reads them; they must get cuDNN's answer (the opened rows of
+    forward_pass._dead_rows_opened), not 0."""
     transformers = pytest.importorskip("transformers")
     model = _mistral_sliding_window(transformers, seed=5)
     ids = _ids(model.config.vocab_size, seed=5)

@@ -155,23 +155,66 @@ class TestForwardRewriteOnFakeCuda(expecttest.TestCase):
                         self.assertIs(v, a.meta["val"])
         return [(b, d.reason or "routed") for b, d in results]
 
+    def assert_dead_rows_opened(self, opened, m):
+        """`opened` is m | ~m.any(-1, keepdim=True), the cuDNN fill's semantics."""
+        self.assertIs(opened.target, aten.logical_or.default)
+        self.assertIs(opened.args[0], m)
+        dead = opened.args[1]
+        self.assertIs(dead.target, aten.logical_not.default)
+        self.assertEqual((dead.args[0].target, dead.args[0].args), (aten.any.dim, (m, -1, True)))
+        self.assertEqual(opened.meta["val"].shape, m.meta["val"].shape)
+
     def test_cudnn_forward_and_backward_take_the_bool_mask(self):
         gm = trace_joint("cudnn", hq=8, hkv=2)  # GQA
         self.assertEqual(self.rewrite(gm), [("cudnn", "routed")])
         self.assertExpectedInline(graph_ops(gm), """\
+aten.any.dim
+aten.logical_not
+aten.logical_or
 torch_sm90_sdpa.sdpa_forward
 torch_sm90_sdpa.sdpa_backward""")
         m = placeholders(gm)["m_1"]
         (fwd,) = [n for n in gm.graph.nodes if n.target is FWD]
         (bwd,) = [n for n in gm.graph.nodes if n.target is BWD]
-        self.assertEqual(fwd.args[3:], (False, 1 / math.sqrt(D), True, m))  # causal, scale, gqa
+        # causal, scale, gqa, then the bool mask with its hidden rows opened (cuDNN's fill)
+        self.assertEqual(fwd.args[3:6], (False, 1 / math.sqrt(D), True))
+        self.assert_dead_rows_opened(fwd.args[6], m)
         lse = [u for u in fwd.users if u.args[1] == 1]
         self.assertEqual(bwd.args[5], lse[0])  # our lse, as it is
         self.assertEqual(tuple(lse[0].meta["val"].shape), (2, 8, 17))
-        self.assertIs(bwd.args[9], m)
+        self.assertIs(bwd.args[9], fwd.args[6])
         stats = torch_sm90_sdpa.routing_stats()
         self.assertEqual((stats["routed_forward_nodes"], stats["routed_nodes"]),
                          ({"cudnn": 1}, {"cudnn": 1}))
+
+    def test_forward_nodes_of_one_mask_share_its_opened_rows(self):
+        """Two cuDNN forward nodes (two layers) of one mask: one mask | ~mask.any(-1) node,
+        which both forwards and both backwards read."""
+        mode = FakeTensorMode()
+        with mode:
+            q, k, v, go = (torch.empty(2, 4, 17, D, dtype=torch.bfloat16, device="cuda")
+                           for _ in range(4))
+            m = torch.empty(2, 1, 17, 17, dtype=torch.bool, device="cuda")
+
+        def layer(q, k, v, go, bias):
+            o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_cudnn_attention(
+                q, k, v, bias, True, 0.0, False, False)
+            return o, aten._scaled_dot_product_cudnn_attention_backward(
+                go, q, k, v, o, lse, seed, off, bias, cq, ck, mq, mk, 0.0, False)
+
+        def fn(q, k, v, go, m):
+            bias = sdpa_bias(m, torch.bfloat16, -65504.0)
+            o1, g1 = layer(q, k, v, go, bias)
+            o2, g2 = layer(o1, k, v, go, bias)
+            return (o2,) + tuple(g1) + tuple(g2)
+
+        with mode:
+            gm = make_fx(fn)(q, k, v, go, m)
+        self.assertEqual(self.rewrite(gm), [("cudnn", "routed")] * 2)
+        (opened,) = [n for n in gm.graph.nodes if n.target is aten.logical_or.default]
+        self.assert_dead_rows_opened(opened, placeholders(gm)["m_1"])
+        self.assertEqual([n.args[6] for n in gm.graph.nodes if n.target is FWD], [opened] * 2)
+        self.assertEqual([n.args[9] for n in gm.graph.nodes if n.target is BWD], [opened] * 2)
 
     def test_efficient_bias_padded_and_expanded(self):
         gm = trace_joint("efficient", layout="bhsd", dtype=torch.float16, causal=True)
@@ -198,7 +241,11 @@ aten.permute""")
     def test_forward_only_graph(self):
         gm = trace_joint("cudnn", backward=False)
         self.assertEqual(self.rewrite(gm), [("cudnn", "routed")])
-        self.assertExpectedInline(graph_ops(gm), "torch_sm90_sdpa.sdpa_forward")
+        self.assertExpectedInline(graph_ops(gm), """\
+aten.any.dim
+aten.logical_not
+aten.logical_or
+torch_sm90_sdpa.sdpa_forward""")
         self.assertEqual(torch_sm90_sdpa.routing_stats()["routed_nodes"], {})
 
     def test_unmasked_and_flash(self):
@@ -469,3 +516,34 @@ class TestCpuForwardRouteGenerated(CompileTestCase):
         # (a call stock runs on its math path has no node to route; torch 2.9 and 2.13 run
         # every generated call on the CPU flash kernel)
         self.assertEqual(routed, len(_generated_cases()))
+
+
+class TestDeadRowsOpenedAsCudnnFills(expecttest.TestCase):
+    """The rewrite hands our ops mask | ~mask.any(-1) for cuDNN nodes (forward_pass.
+    _dead_rows_opened): a row the mask hides entirely gets what torch's -65504 fill gives it
+    in cuDNN, a softmax over every key, and every other row is unchanged."""
+
+    def test_matches_the_fill_out_and_gradients(self):
+        g = torch.Generator().manual_seed(0)
+        q, k, v, go = (torch.randn(2, 3, 40, 16, generator=g, dtype=torch.float64)
+                       for _ in range(4))
+        mask = torch.rand(2, 1, 40, 40, generator=g) < 0.3
+        mask[0, :, :7] = False  # left padding: rows without a visible key
+        mask[1, :, 20] = False
+        opened = aten.logical_or.default(mask, aten.logical_not.default(
+            aten.any.dim(mask, -1, True)))
+
+        def run(m):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = F.scaled_dot_product_attention(*leaves, attn_mask=m)
+            return (out,) + torch.autograd.grad(out, leaves, go)
+
+        fill = run(torch.where(mask, 0.0, -65504.0).to(torch.float64))
+        ours = run(opened)
+        for a, b in zip(ours, fill):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        # the plain mask gives those rows out 0 and no gradient: the opening is what matches
+        plain = run(mask)
+        self.assertEqual(plain[0][0, :, :7].abs().max().item(), 0.0)
+        self.assertGreater((plain[0] - fill[0]).abs().max().item(), 0.1)
+        torch.testing.assert_close(plain[0][0, :, 7:], fill[0][0, :, 7:])  # rows with a key

@@ -336,8 +336,8 @@ def _run_fake(fake_mode, target, args, kwargs):
 
 
 def _as_arg(x):
-    """A plan argument: a step reference as it is, a graph node as ("node", n)."""
-    if isinstance(x, tuple) and len(x) == 2 and x[0] == "ref":
+    """A plan argument: a step reference or ("node", n) as it is, a graph node as ("node", n)."""
+    if isinstance(x, tuple) and len(x) == 2 and x[0] in ("ref", "node"):
         return x
     return ("node", x)
 

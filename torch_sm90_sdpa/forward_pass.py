@@ -23,11 +23,13 @@ time: ``where(logical_not(mask), fill, 0)`` with fill -inf (memory-efficient, CP
 (cuDNN, torch's workaround for a cuDNN issue), possibly padded, sliced back and expanded over the
 heads for the memory-efficient kernel. :func:`bool_mask_of` finds the boolean mask behind that
 bias and the rewrite hands it to our ops: the forward kernel's tile classification reads a
-boolean mask as bits, where a finite fill would leave every tile partial. The semantics are the
-boolean mask's, which is what the program asked for; they differ from stock cuDNN's only on
-rows that see no key (stock cuDNN's -65504 fill averages V there; ours, like SDPA's other fused
-kernels, gives 0, lse -inf and zero gradients). A bias found nowhere behind a bool mask is
-handed over as it is.
+boolean mask as bits, where a finite fill would leave every tile partial. For a cuDNN node the
+ops get ``mask | ~mask.any(-1, keepdim=True)`` (:func:`_dead_rows_opened`, one per mask): a row
+the mask hides entirely (left padding) then attends to every key, which is what stock cuDNN's
+-65504 fill gives it, and the results are stock's on every row (with the plain mask such a row
+would get 0, lse -inf and no gradient, as in SDPA's other fused kernels, and a loss that reads
+it, such as a pad position predicting the first token, would differ). A bias found nowhere
+behind a bool mask is handed over as it is.
 
 **What replaces what.** ``sdpa_forward(q, k, v, is_causal, scale, enable_gqa, attn_mask)``
 gives out (copied into the stock node's strides where ``empty_like(q)``'s differ) and lse
@@ -164,6 +166,12 @@ def bool_mask_of(bias: torch.fx.Node, backend: str) -> Optional[torch.fx.Node]:
     broadcast-equivalent to it, or None: the bias is where(~mask, fill, 0) (or
     where(mask, 0, fill)) with fill -inf (or, for cuDNN nodes, torch's -65504), reached through
     the steps of :func:`_through_layout_ops`."""
+    found = _bool_mask_and_fill(bias, backend)
+    return found[0] if found is not None else None
+
+
+def _bool_mask_and_fill(bias: torch.fx.Node, backend: str) -> Optional[tuple[torch.fx.Node, float]]:
+    """(the boolean mask of :func:`bool_mask_of`, the fill SDPA gave its hidden positions)."""
     where = _through_layout_ops(bias)
     if where is None or len(where.args) != 3:
         return None
@@ -187,7 +195,7 @@ def bool_mask_of(bias: torch.fx.Node, backend: str) -> Optional[torch.fx.Node]:
     wval = where.meta.get("val")
     if not isinstance(wval, torch.Tensor) or not _same_shape(wval.shape, mval.shape):
         return None  # (the mask broadcast by a fill or zero of more dims)
-    return mask
+    return mask, fill
 
 
 # ---------------------------------------------------------------------------------------
@@ -200,9 +208,9 @@ def _describe(node: torch.fx.Node, backend: str):
     ops get (the boolean mask behind SDPA's bias where there is one)."""
     a = bind_args(node)
     bias = a.get(_MASK_ARG[backend]) if backend in _MASK_ARG else None
-    mask = bias
+    mask, fill = bias, None
     if isinstance(bias, torch.fx.Node):
-        mask = bool_mask_of(bias, backend) or bias
+        mask, fill = _bool_mask_and_fill(bias, backend) or (bias, None)
     call = policy.AttentionForwardCall(
         backend=backend, q=_val(a["query"]), k=_val(a["key"]), v=_val(a["value"]),
         is_causal=bool(a.get("is_causal", False)), dropout_p=a.get("dropout_p", 0.0),
@@ -210,7 +218,8 @@ def _describe(node: torch.fx.Node, backend: str):
         debug_mask=bool(a.get("return_debug_mask", False)),
     )
     nodes = {"q": a["query"], "k": a["key"], "v": a["value"], "bias": bias,
-             "mask": mask if isinstance(mask, torch.fx.Node) else None}
+             "mask": mask if isinstance(mask, torch.fx.Node) else None,
+             "opens_dead_rows": fill in _CUDNN_FILLS}
     return call, nodes
 
 
@@ -269,9 +278,26 @@ def _record(backend: str, decision: policy.Decision, description: str) -> None:
                                  what="forward ")
 
 
-def _route_one(graph, node, backend, *, cpu_route, only_faster) -> tuple[policy.Decision, str]:
+def _dead_rows_opened(plan, mask: torch.fx.Node, opened: dict) -> tuple:
+    """The plan argument of ``mask | ~mask.any(-1, keepdim=True)`` [..., Sq, Sk] bool: the
+    boolean mask with every row it hides entirely opened to every key. That is what stock cuDNN
+    computes from torch's -65504 fill: such a row's scores all carry the same offset, so its
+    softmax runs over every key (the -inf of our kernels would give it out 0, lse -inf and no
+    gradient). A row with one visible key is unchanged (exp(-65504) is 0 in fp32). `opened`
+    ({mask node: opened node}, one graph's) lets the forward nodes of one mask share the node
+    the first of them inserted."""
+    if mask in opened:
+        return ("node", opened[mask])
+    visible = plan.add("mask any", aten.any.dim, [("node", mask), -1, True])
+    dead = plan.add("mask dead rows", aten.logical_not.default, [visible])
+    return plan.add("mask opened", aten.logical_or.default, [("node", mask), dead])
+
+
+def _route_one(graph, node, backend, *, cpu_route, only_faster,
+               opened: Optional[dict] = None) -> tuple[policy.Decision, str]:
     """Decide and, where routed, replace one forward node (and its backward). Returns the
-    forward's decision and the description for the log."""
+    forward's decision and the description for the log. `opened`: see
+    :func:`_dead_rows_opened`."""
     call, nodes = _describe(node, backend)
     description = policy.describe(call)
     decision = policy.decide_forward(call, cpu_route=cpu_route, only_faster=only_faster)
@@ -305,8 +331,12 @@ def _route_one(graph, node, backend, *, cpu_route, only_faster) -> tuple[policy.
     gqa = not compile_pass.statically_known_true(call.q.size(1) == call.k.size(1))
     args = [("node", nodes["q"]), ("node", nodes["k"]), ("node", nodes["v"]), call.is_causal,
             scale, gqa]
+    mask_arg = None
     if nodes["mask"] is not None:
-        args.append(("node", nodes["mask"]))
+        mask_arg = ("node", nodes["mask"])
+        if nodes["opens_dead_rows"]:
+            mask_arg = _dead_rows_opened(plan, nodes["mask"], {} if opened is None else opened)
+        args.append(mask_arg)
     fwd = plan.add("fwd", FORWARD_OP, args)
     plan.add("fwd out", operator.getitem, [fwd, 0])
     plan.add("fwd lse", operator.getitem, [fwd, 1])
@@ -316,13 +346,15 @@ def _route_one(graph, node, backend, *, cpu_route, only_faster) -> tuple[policy.
     if out_key is None:
         return policy.Decision(False, policy.R_LAYOUT, why), description
     if bwd is not None:
-        bnodes = dict(bnodes, out=("ref", out_key), lse=("ref", "fwd lse"), mask=nodes["mask"])
+        bnodes = dict(bnodes, out=("ref", out_key), lse=("ref", "fwd lse"), mask=mask_arg)
         _, why = compile_pass._plan(bwd, backend, bcall, bnodes, scale, fake_mode, plan=plan,
                                     lse_ready=True)
         if why:
             return policy.Decision(False, policy.R_LAYOUT, why), description
 
     created = compile_pass.insert_plan(graph, plan)
+    if "mask opened" in created and opened is not None:
+        opened[nodes["mask"]] = created["mask opened"]
     if bwd is not None:
         compile_pass.replace_outputs(graph, bwd, busers,
                                      {i: created[k] for i, k in plan.outputs.items()})
@@ -336,10 +368,11 @@ def route_forward_nodes(graph: torch.fx.Graph, *, cpu_route: bool = False,
     """Replace the eligible stock SDPA forward nodes of `graph` (and their backward nodes) in
     place. Returns [(backend, Decision)] for every stock forward node seen."""
     results = []
+    opened: dict = {}
     for node, backend in compile_pass.stock_nodes(graph, _BACKEND_BY_TARGET):
         try:
             decision, description = _route_one(graph, node, backend, cpu_route=cpu_route,
-                                               only_faster=only_faster)
+                                               only_faster=only_faster, opened=opened)
         except Exception as exc:  # a plugin must never break a compile
             decision, description = compile_pass.unreadable(exc), backend
         _record(backend, decision, description)
