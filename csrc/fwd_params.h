@@ -58,8 +58,9 @@ struct FwdParams {
   int num_sms = 0;  // multiprocessors of the device (the classification's grid)
 };
 
-// Query rows and keys of a forward tile (every forward configuration's kBlockM and kBlockN):
-// the mask classification's grid.
+// Query rows and keys of a tile of the mask classification's grid for the forward: every
+// forward configuration's kBlockM; a masked kernel's key block (kBlockN) divides it, and each
+// key block takes the class and the bits of the tile it lies in (FwdKernel::block_class).
 constexpr int kFwdTile = 128;
 
 // Bytes of FwdParams::mask_workspace for a mask of mask_batch x mask_heads instances.

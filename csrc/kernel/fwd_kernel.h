@@ -12,9 +12,11 @@
 // first and every later block runs without any masking code.
 //
 // kMasked: with an attention mask. The classification (mask_classify.h) has written the class
-// of every (query block, key block) tile: the producer and the MMA warpgroups walk the same
-// sequence of non-empty key blocks (next_block), full tiles run as an unmasked block, partial
-// tiles read the classification's visibility bits or, for other biases, the mask itself.
+// of every kFwdTile x kFwdTile tile (a query block and kFwdTile keys): the producer and the MMA
+// warpgroups walk the same sequence of key blocks whose tile is not empty (next_block), blocks
+// of full tiles run unmasked, blocks of partial tiles read the classification's visibility bits
+// or, for other biases, the mask itself. A key block smaller than kFwdTile is a slice of one
+// tile and takes that tile's class and its share of the bits.
 #pragma once
 
 #include <cfloat>
@@ -73,10 +75,15 @@ struct FwdKernel {
   static constexpr int kNumMmaWG = kBlockM / 64;
   static constexpr int kNumMmaThreads = kNumMmaWG * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
-  static_assert(!kMasked || (kBlockM == kFwdTile && kBlockN == kFwdTile),
-                "the classification describes kFwdTile x kFwdTile tiles");
-  static constexpr int kMaskBitWords = kBlockM * kBlockN / 32;  // per tile
-  static constexpr int kMaskRowWords = kBlockN / 32;
+  // kMasked: key block n lies in classified tile n / kBlocksPerTile and covers words
+  // (n % kBlocksPerTile) * kBlockRowWords onwards of each of that tile's bit rows.
+  static_assert(!kMasked || (kBlockM == kFwdTile && kFwdTile % kBlockN == 0 && kBlockN % 32 == 0),
+                "a masked key block is a slice of one kFwdTile x kFwdTile classified tile, whole "
+                "32-key words of its bits");
+  static constexpr int kBlocksPerTile = kFwdTile / kBlockN;
+  static constexpr int kTileBitWords = kFwdTile * kFwdTile / 32;  // per classified tile
+  static constexpr int kTileRowWords = kFwdTile / 32;             // per row of a classified tile
+  static constexpr int kBlockRowWords = kBlockN / 32;             // a key block's share of them
   // (fwd_config.h: two MMA warpgroups) 24 + 2 x 240 registers per thread of a warp trio
   static constexpr uint32_t kLoadRegs = 24;
   static constexpr uint32_t kMmaRegs = 240;
@@ -145,9 +152,10 @@ struct FwdKernel {
     MaskKind mask_kind;
     void const* mask;
     int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_col_stride;
-    int mask_batch, mask_heads, num_m_blocks, num_n_blocks;
-    unsigned char const* tile_class;  // [mask_batch, mask_heads, num_n_blocks, num_m_blocks]
-    uint32_t const* tile_bits;        // kMaskBitWords per tile, in tile_class order
+    int mask_batch, mask_heads;
+    int num_m_tiles, num_n_tiles;     // the classification's grid of kFwdTile x kFwdTile tiles
+    unsigned char const* tile_class;  // [mask_batch, mask_heads, num_n_tiles, num_m_tiles]
+    uint32_t const* tile_bits;        // kTileBitWords per tile, in tile_class order
   };
 
   // p: strides already fit for TMA (launch_fwd_main); tile_class / tile_bits: the
@@ -187,25 +195,32 @@ struct FwdKernel {
         p.mask_col_stride,
         p.mask_batch,
         p.mask_heads,
-        (p.seqlen_q + kBlockM - 1) / kBlockM,
-        (p.seqlen_k + kBlockN - 1) / kBlockN,
+        (p.seqlen_q + kFwdTile - 1) / kFwdTile,
+        (p.seqlen_k + kFwdTile - 1) / kFwdTile,
         tile_class,
         tile_bits};
   }
 
-  // The index of tile (m_block, n-block 0) of (bidh, bidb)'s mask instance in tile_class;
-  // n-block n's is this + n * num_m_blocks.
+  // The index of tile (m_block, 0) of (bidh, bidb)'s mask instance in tile_class (m_block is
+  // also the tile row: kBlockM == kFwdTile); tile column t's is this + t * num_m_tiles.
   CUTE_DEVICE static int64_t first_tile_index(Params const& params, int m_block, int bidh, int bidb) {
     int const mb = params.mask_batch == 1 ? 0 : bidb;
     int const mh = params.mask_heads == 1 ? 0 : bidh;
-    return (int64_t(mb) * params.mask_heads + mh) * params.num_n_blocks * int64_t(params.num_m_blocks) + m_block;
+    return (int64_t(mb) * params.mask_heads + mh) * params.num_n_tiles * int64_t(params.num_m_tiles) + m_block;
+  }
+
+  // The class of the classified tile that key block n (n >= 0) lies in; classes: the query
+  // block's first tile (first_tile_index).
+  CUTE_DEVICE static unsigned char block_class(Params const& params, unsigned char const* classes, int n) {
+    return classes[int64_t(n / kBlocksPerTile) * params.num_m_tiles];
   }
 
   // The highest key block <= n that the query block sees (-1: none): n itself without a mask,
-  // else the first whose tile is not empty. The producer and the MMA warps walk the same blocks.
+  // else the first whose tile is not empty (an empty tile is passed over whole). The producer
+  // and the MMA warps walk the same blocks.
   CUTE_DEVICE static int next_block(Params const& params, unsigned char const* classes, int n) {
     if constexpr (kMasked) {
-      while (n >= 0 && classes[int64_t(n) * params.num_m_blocks] == kTileEmpty) { --n; }
+      while (n >= 0 && block_class(params, classes, n) == kTileEmpty) { n = n / kBlocksPerTile * kBlocksPerTile - 1; }
     }
     return n;
   }
@@ -305,20 +320,23 @@ struct FwdKernel {
     auto mask_scores = [&](auto& S, int n, unsigned char cls) __attribute__((always_inline)) {
       int const n0 = n * kBlockN;
       if (cls == kTilePartialBits) {
-        // the tile as bits, row-major: bit k % 32 of word k / 32 of a row (mask_classify.cu)
-        uint32_t const* bits = params.tile_bits + (tile0 + int64_t(n) * params.num_m_blocks) * kMaskBitWords;
+        // the tile as bits, row-major: bit k % 32 of word k / 32 of a row (mask_classify.cu);
+        // this key block's keys start at word (n % kBlocksPerTile) * kBlockRowWords of a row
+        uint32_t const* bits = params.tile_bits +
+                               (tile0 + int64_t(n / kBlocksPerTile) * params.num_m_tiles) * kTileBitWords +
+                               (n % kBlocksPerTile) * kBlockRowWords;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
-          uint32_t const* row_bits = bits + get<0>(cS(r, 0)) * kMaskRowWords;
-          uint32_t words[kMaskRowWords];
+          uint32_t const* row_bits = bits + get<0>(cS(r, 0)) * kTileRowWords;
+          uint32_t words[kBlockRowWords];
           CUTLASS_PRAGMA_UNROLL
-          for (int w = 0; w < kMaskRowWords; ++w) { words[w] = row_bits[w]; }
+          for (int w = 0; w < kBlockRowWords; ++w) { words[w] = row_bits[w]; }
           CUTLASS_PRAGMA_UNROLL
           for (int c = 0; c < size<1>(S); ++c) {
-            int const col = get<1>(cS(r, c));
+            int const col = get<1>(cS(r, c));  // within the key block
             uint32_t word = words[0];
             CUTLASS_PRAGMA_UNROLL
-            for (int w = 1; w < kMaskRowWords; ++w) { word = col >= 32 * w ? words[w] : word; }
+            for (int w = 1; w < kBlockRowWords; ++w) { word = col >= 32 * w ? words[w] : word; }
             S(r, c) = (word >> (col % 32)) & 1u ? S(r, c) * scale_log2 : -INFINITY;
           }
         }
@@ -361,7 +379,7 @@ struct FwdKernel {
       bool cut = false, scaled = false;
       if constexpr (kMasked) {
         // full tiles: no masking at all (the classification folded the key tail and the cut in)
-        unsigned char const cls = classes[int64_t(n) * params.num_m_blocks];
+        unsigned char const cls = block_class(params, classes, n);
         if (cls != kTileFull) {
           mask_scores(S, n, cls);
           scaled = true;
