@@ -135,7 +135,23 @@ def test_generator_writes_a_file_per_kernel(tmp_path):
     # a narrower selection removes the files of the variants no longer built
     gen.generate(str(tmp_path), head_dims=(96,), dtypes=("fp16",))
     assert sorted(os.listdir(tmp_path)) == ["bwd_main_fp16_hdim96.cu", "bwd_main_fp16_hdim96_masked.cu",
-                                            "fwd_tile_configs.h", "tile_configs.h", "variants.h"]
+                                            "fwd_main_fp16_hdim96.cu", "fwd_tile_configs.h",
+                                            "tile_configs.h", "variants.h"]
+
+
+def test_forward_tiles_cover_the_backward_head_dims():
+    """Every head dim the backward builds has a forward kernel, and every forward tile can run
+    the masked kernel: 128 query rows (the classification's tile rows, kFwdTile) and a key block
+    that is a slice of a 128-key classified tile in whole 32-key words of its bits."""
+    assert set(gen.FWD_TILES) == set(gen.TILES)
+    for d, t in gen.FWD_TILES.items():
+        assert t.block_m == 128, d
+        assert 128 % t.block_n == 0 and t.block_n % 32 == 0, d
+        assert t.stages >= 1, d
+    configs = gen.fwd_tile_configs_header()
+    for d, t in gen.FWD_TILES.items():
+        assert (f"struct DefaultFwdConfig<{d}>\n    : FwdTileConfig<{d}, {t.block_m}, {t.block_n}, "
+                f"{t.stages}>") in configs
 
 
 def test_generator_without_main_kernel(tmp_path):
