@@ -2,8 +2,9 @@
 within twice the error of stock SDPA's fused forward on the same inputs, every compiled head dim
 and dtype, causal (top-left, also Sq != Sk) and full, GQA / MQA, odd lengths, strided views;
 every mask kind of the backward's tests (bool and additive, broadcast, per head, rows without
-keys, combined with is_causal); bitwise repeatable; and the calls it does not serve go to the
-stock forward."""
+keys, combined with is_causal) on every head dim, and classified tiles whose 64-key halves
+differ (two key blocks for the head dims of 64-key blocks); bitwise repeatable; and the calls it
+does not serve go to the stock forward."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -142,14 +143,17 @@ def _stock_masked_err(q, k, v, mask, is_causal, scale, want_out):
     return _err(torch.nan_to_num(stock.double(), nan=0.0), want_out)
 
 
-def _check_masked(kind, b, hq, hkv, sq, sk, d, dtype, is_causal=False, mask_dtype=None, seed=0):
+def _check_masked(kind, b, hq, hkv, sq, sk, d, dtype, is_causal=False, mask_dtype=None, seed=0,
+                  mask=None):
+    """kind: a make_mask kind, or a name for the given mask."""
     if (d, dtype) not in [(dd, _DTYPES[dt]) for dd, dt in _built()]:
         pytest.skip(f"no forward kernel for d{d} {dtype}")
     torch.manual_seed(seed)
     q = torch.randn(b, sq, hq, d, device="cuda").to(dtype).transpose(1, 2)
     k = torch.randn(b, sk, hkv, d, device="cuda").to(dtype).transpose(1, 2)
     v = torch.randn(b, sk, hkv, d, device="cuda").to(dtype).transpose(1, 2)
-    mask = make_mask(kind, b, hq, sq, sk, mask_dtype or dtype)
+    if mask is None:
+        mask = make_mask(kind, b, hq, sq, sk, mask_dtype or dtype)
     scale = d ** -0.5
     assert _cuda_backend.forward_unserved(q, k, v, is_causal, mask) is None
     want_out, want_lse = reference_out_lse(q, k, v, mask, is_causal, scale)
@@ -166,9 +170,18 @@ def _check_masked(kind, b, hq, hkv, sq, sk, d, dtype, is_causal=False, mask_dtyp
 
 
 def _masked_variants():
-    built = [(d, _DTYPES[dt]) for d, dt in _built()]
-    return [pytest.param(d, dt, id=f"d{d}-{str(dt)[6:]}") for d, dt in built if d in (64, 128)] or \
-        [pytest.param(d, dt, id=f"d{d}-{str(dt)[6:]}") for d, dt in built[:1]]
+    """Every built variant: each head dim's tile walks the classified tiles its own way (d192 and
+    d256 in 64-key halves)."""
+    return [pytest.param(d, _DTYPES[dt], id=f"d{d}-{dt}") for d, dt in _built()]
+
+
+def _one_dtype_per_head_dim():
+    """A variant of each built head dim (bf16 where built): for the longer mask tests."""
+    by_dim = {}
+    for d, dt in _built():
+        if d not in by_dim or dt == "bf16":
+            by_dim[d] = dt
+    return [pytest.param(d, _DTYPES[dt], id=f"d{d}-{dt}") for d, dt in sorted(by_dim.items())]
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
@@ -179,12 +192,44 @@ def test_masked_forward_matches_fp64_within_stock_error(kind, head_dim, dtype, k
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+@pytest.mark.parametrize("head_dim,dtype", _one_dtype_per_head_dim())
 @pytest.mark.parametrize("kind", ["causal", "padding left", "key padding [B,1,1,Sk]",
                                   "random per head", "additive bias"])
 @pytest.mark.parametrize("sq,sk", [(300, 700), (700, 300), (1, 129), (1030, 1030)])
-def test_masked_forward_with_is_causal_and_sq_not_sk(kind, sq, sk, kernel_kind):
-    d, dt = _built()[0]
-    _check_masked(kind, 2, 8, 2, sq, sk, d, _DTYPES[dt], is_causal=True, seed=sq + sk)
+def test_masked_forward_with_is_causal_and_sq_not_sk(kind, sq, sk, head_dim, dtype, kernel_kind):
+    _check_masked(kind, 2, 8, 2, sq, sk, head_dim, dtype, is_causal=True, seed=sq + sk)
+
+
+def _halves_mask(sq, sk, additive_dtype=None):
+    """A [1, 1, Sq, Sk] mask whose classified 128 x 128 tiles differ between their two 64-key
+    halves (what a kernel with 64-key blocks reads as two blocks of one tile): keys 0-63 hidden
+    and 64-127 random (a partial tile with an empty half), keys 128-191 visible and 192-255
+    random (a partial tile with a full half), the tile of queries and keys 128-255 hidden whole
+    (an empty tile between non-empty ones), keys 320 on hidden (the last tile's second half and
+    the key tail), and row 5 hidden whole. additive_dtype: as a 0 / -inf bias of that dtype
+    (the classification's bits as well)."""
+    g = torch.Generator(device="cpu").manual_seed(5)
+    keep = torch.rand(sq, sk, generator=g) > 0.5
+    keep[:, 0:64] = False
+    keep[:, 128:192] = True
+    keep[128:256, 128:256] = False
+    keep[:, 320:] = False
+    keep[5] = False
+    keep = keep.cuda()[None, None]
+    if additive_dtype is None:
+        return keep
+    return torch.zeros(keep.shape, device="cuda", dtype=additive_dtype).masked_fill(~keep, float("-inf"))
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+@pytest.mark.parametrize("head_dim,dtype", _one_dtype_per_head_dim())
+@pytest.mark.parametrize("form", ["bool", "0/-inf bias"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("sq,sk", [(300, 333), (333, 300), (129, 330)])
+def test_masked_forward_key_blocks_within_a_classified_tile(form, is_causal, sq, sk, head_dim, dtype,
+                                                            kernel_kind):
+    mask = _halves_mask(sq, sk, None if form == "bool" else dtype)
+    _check_masked(form, 2, 4, 2, sq, sk, head_dim, dtype, is_causal=is_causal, seed=sq + sk, mask=mask)
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")

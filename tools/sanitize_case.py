@@ -7,10 +7,11 @@ bias (the score-bound pass of the classification), three calls of more tiles tha
 TORCH_SM90_SDPA_PERSISTENT=1 in the environment, CTAs that take several tiles; d256's epilogue
 stores through the dQ staging tile), and three full calls whose last partial wave is split
 into pieces (TORCH_SM90_SDPA_SPLIT_TAIL=1, set here: fragments of tiles, their fp32 sums and
-counts), and the forward kernel (sdpa_forward) on six calls, masked ones included (the masked
-backward cases of head dims with a forward kernel also run it, through `sdpa`), each with
-both forward kernels (TORCH_SM90_SDPA_FWD_OVERLAP 0 and 1). The GQA cases run twice: with one q head
-per CTA and with each CTA walking its group (TORCH_SM90_SDPA_GQA_WALK=1, read per call).
+counts), and the forward kernel (sdpa_forward) on twelve calls, two or more per head dim,
+masked ones included (the masked backward cases of head dims with a forward kernel also run it,
+through `sdpa`), each with both forward kernels (TORCH_SM90_SDPA_FWD_OVERLAP 0 and 1). The GQA
+cases run twice: with one q head per CTA and with each CTA walking its group
+(TORCH_SM90_SDPA_GQA_WALK=1, read per call).
 Cases of head dims that were not built (TORCH_SM90_SDPA_HEAD_DIMS) are skipped and counted; the
 last line says how many ran (none ran: exit status 1, so an A/B build of other head dims cannot
 pass for a checked one)."""
@@ -91,7 +92,11 @@ for (b, hq, hkv, sq, sk, d, causal, kind, deterministic), walk in RUNS:
 FWD_CASES = [(1, 4, 2, 130, 77, 64, True, None), (1, 2, 2, 300, 300, 128, False, None),
              (2, 4, 1, 200, 333, 128, True, None), (1, 2, 2, 1000, 64, 64, False, None),
              (2, 4, 2, 300, 300, 128, False, "padding bool [B,1,S,S]"),
-             (2, 4, 2, 260, 260, 64, True, "sliding-window bias [S,S]")]
+             (2, 4, 2, 260, 260, 64, True, "sliding-window bias [S,S]"),
+             (1, 4, 2, 130, 77, 96, True, None), (2, 4, 2, 300, 300, 96, False, "padding bool [B,1,S,S]"),
+             # 64-key blocks: two per classified tile (the sliding window empties some halves)
+             (1, 2, 2, 200, 333, 192, True, None), (2, 4, 2, 260, 260, 192, True, "sliding-window bias [S,S]"),
+             (1, 4, 1, 150, 130, 256, False, None), (2, 2, 1, 200, 333, 256, True, "key padding bool [B,1,1,Sk]")]
 has_fwd = getattr(_extension.load(), "has_fwd_variant", None)
 for (b, hq, hkv, sq, sk, d, causal, kind), overlap in [(c, o) for c in FWD_CASES for o in "01"]:
     if has_fwd is None or not has_fwd(d, _extension.dtype_code(torch.bfloat16)):
