@@ -38,7 +38,7 @@ import torch_sm90_sdpa  # noqa: E402,F401
 from bench_bwd import time_interleaved  # noqa: E402
 from torch_sm90_sdpa import _cuda_backend  # noqa: E402
 
-HEADS = {64: (32, 8), 128: (16, 4), 256: (8, 8)}  # (q heads, kv heads) per head dim
+HEADS = {64: (32, 8), 96: (16, 4), 128: (16, 4), 192: (16, 4), 256: (8, 8)}  # (q heads, kv heads)
 
 
 def make(b, hq, hkv, s, d, dtype):
