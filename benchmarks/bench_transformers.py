@@ -1,8 +1,9 @@
-"""Whole training steps of compiled transformers models, stock against torch_sm90_sdpa.enable().
+"""Whole training steps of compiled transformers models, stock against torch_sm90_sdpa's routes.
 
 Unpatched transformers with attn_implementation="sdpa": under torch.compile it materializes its
-causal mask, so SDPA runs cuDNN's masked kernels; with enable() the masked backward nodes run our
-op, which skips the masked tiles. A step is forward + backward + SGD update of a bf16 model, no
+causal mask, so SDPA runs cuDNN's masked kernels; with enable(forward=False) the masked backward
+nodes run our op, which skips the masked tiles ("routed"); with --forward, enable() (the
+default: forward nodes too) is timed as well ("routed+forward"). A step is forward + backward + SGD update of a bf16 model, no
 attention_mask passed (or, with --padded, half of the batch right-padded to half its length; with
 --ones, an attention_mask of ones: a graph input, so no mask can be proved causal).
 Both variants are compiled in the same process (caches off); their steps are interleaved and the
@@ -19,8 +20,8 @@ Configurations (4 layers, hidden 2048, vocab 32000, intermediate 5632, Llama):
     python benchmarks/bench_transformers.py [--configs d64,d128] [--steps 10] [--padded | --ones]
                                             [--interface] [--forward] [--force] [--profile]
 
---force routes with enable(only_faster=False) (masked calls too); --forward adds the variant
-"routed+forward", enable(forward=True): forward nodes routed with their backward
+--force routes with only_faster=False (masked calls too); --forward adds the variant
+"routed+forward", enable() with its default forward=True: forward nodes routed with their backward
 (torch_sm90_sdpa/forward_pass.py); --profile prints, per variant, the CUDA kernels of one step
 that took the most time (torch.profiler).
 """
@@ -113,9 +114,9 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--interface", action="store_true",
                     help='also attn_implementation="sm90_sdpa", eager and compiled')
-    ap.add_argument("--force", action="store_true", help="enable(only_faster=False)")
+    ap.add_argument("--force", action="store_true", help="route with only_faster=False")
     ap.add_argument("--forward", action="store_true",
-                    help='also "routed+forward": enable(forward=True)')
+                    help='also "routed+forward": enable(), forward nodes too')
     ap.add_argument("--profile", action="store_true", help="top CUDA kernels of one step")
     args = ap.parse_args()
     import transformers
@@ -141,7 +142,7 @@ def main():
         steps["stock"] = step_fn(compiled_loss("stock"), copy.deepcopy(base), ids,
                                  attention_mask)
         steps["stock"]()  # compile
-        with torch_sm90_sdpa.enable(only_faster=not args.force):
+        with torch_sm90_sdpa.enable(only_faster=not args.force, forward=False):
             steps["routed"] = step_fn(compiled_loss("routed"), copy.deepcopy(base), ids,
                                       attention_mask)
             steps["routed"]()
@@ -188,7 +189,7 @@ def main():
               f"{stats['routed_nodes']}, not routed {stats['not_routed']}, causal masks "
               f"{stats.get('causal_masks')} (compile {compile_s:.0f} s)", flush=True)
         if forward_stats is not None:
-            print(f"  enable(forward=True): {row['forward_ms']:.1f} ms, "
+            print(f"  enable() (forward nodes too): {row['forward_ms']:.1f} ms, "
                   f"{row['forward_speedup']:.3f}x stock; forward nodes routed "
                   f"{row['routed_forward_nodes']}, kept {row['forward_not_routed']}", flush=True)
         if args.interface:

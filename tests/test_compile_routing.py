@@ -144,7 +144,7 @@ class TestCpuRoute(CompileTestCase):
         tokens = torch.randint(0, 64, (2, 24))
         context = torch.randint(0, 64, (2, 40))
 
-        torch_sm90_sdpa.enable(cpu=True)
+        torch_sm90_sdpa.enable(cpu=True, forward=False)  # (the backward route alone)
         compiled = torch.compile(model)
         with self.assertLogs("torch_sm90_sdpa", level="INFO") as logs:
             lm_loss(compiled(tokens, context), tokens).backward()
@@ -185,7 +185,7 @@ torch_sm90_sdpa::sdpa_backward x3""")
         routed_ops = "aten::_scaled_dot_product_flash_attention_for_cpu x1\ntorch_sm90_sdpa::sdpa_backward x1"
         stock_ops = ("aten::_scaled_dot_product_flash_attention_for_cpu x1\n"
                      "aten::_scaled_dot_product_flash_attention_for_cpu_backward x1")
-        with routing.enable(cpu=True, only_faster=False):
+        with routing.enable(cpu=True, only_faster=False, forward=False):
             shared_routed = torch.compile(copy.deepcopy(base))
             self.assertEqual(ops_of(shared_routed), routed_ops)
         self.assertEqual(ops_of(torch.compile(copy.deepcopy(base))), routed_ops)  # the trap
@@ -196,7 +196,7 @@ torch_sm90_sdpa::sdpa_backward x3""")
                                                 None, "cpu"))
 
         torch._dynamo.reset()
-        with routing.enable(cpu=True, only_faster=False):
+        with routing.enable(cpu=True, only_faster=False, forward=False):
             routed = compile_own_graphs(copy.deepcopy(base), "routed")
             self.assertEqual(ops_of(routed), routed_ops)
         stock = compile_own_graphs(copy.deepcopy(base), "stock")
@@ -348,7 +348,8 @@ torch_sm90_sdpa.sdpa_backward, torch_sm90_sdpa.sdpa_backward""")
             pad = torch.ones(2, 12, dtype=torch.bool)
             pad[1, 9:] = False
             # no cache: two kinds compile to the same graph once their mask is dropped
-            with torch_sm90_sdpa.enable(cpu=True), \
+            # (forward=False: the recorder reads the stock forward nodes the proofs rewrote)
+            with torch_sm90_sdpa.enable(cpu=True, forward=False), \
                     torch._inductor.config.patch(fx_graph_cache=False), \
                     torch._functorch.config.patch(enable_autograd_cache=False):
                 torch.compile(Net(kind))(q, k, v, pad).sum().backward()
@@ -504,8 +505,10 @@ padding input: (['kept: depends on graph inputs'], [(False, True)])""")
 
         qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
         f(qs, ks, vs).backward(grad)
+        # (our CPU forward runs the stock CPU kernel: sdpa_forward x1 calls it)
         ours = ("aten::_scaled_dot_product_flash_attention_for_cpu x1\n"
-                "torch_sm90_sdpa::sdpa_backward x1")
+                "torch_sm90_sdpa::sdpa_backward x1\n"
+                "torch_sm90_sdpa::sdpa_forward x1")
         stock = ("aten::_scaled_dot_product_flash_attention_for_cpu x1\n"
                  "aten::_scaled_dot_product_flash_attention_for_cpu_backward x1")
         expected_cache = []
@@ -674,11 +677,12 @@ class TestSwitch(unittest.TestCase):
 
     def test_enable_as_context_manager_restores(self):
         self.assertFalse(routing.is_enabled())
-        on = dict(enabled=True, only_faster=True, causal_masks=True, forward=False)
+        on = dict(enabled=True, only_faster=True, causal_masks=True, forward=True)
         with torch_sm90_sdpa.enable(cpu=True):
             self.assertEqual(routing.routing_options(), dict(on, cpu=True))
-            with torch_sm90_sdpa.enable(causal_masks=False):
-                self.assertEqual(routing.routing_options(), dict(on, cpu=False, causal_masks=False))
+            with torch_sm90_sdpa.enable(causal_masks=False, forward=False):
+                self.assertEqual(routing.routing_options(),
+                                 dict(on, cpu=False, causal_masks=False, forward=False))
                 self.assertIsNone(torch._inductor.config.joint_custom_pre_pass)
             self.assertEqual(routing.routing_options(), dict(on, cpu=True))
         self.assertEqual(routing.routing_options(), dict(enabled=False, cpu=False, only_faster=True,
@@ -754,7 +758,7 @@ class TestSwitch(unittest.TestCase):
     def test_env_var(self):
         self.assertIsNone(routing.apply_env("0"))
         self.assertFalse(routing.is_enabled())
-        on = dict(enabled=True, causal_masks=True, forward=False)
+        on = dict(enabled=True, causal_masks=True, forward=True)
         routing.apply_env("cpu")
         self.assertEqual(routing.routing_options(), dict(on, cpu=True, only_faster=True))
         routing.disable()

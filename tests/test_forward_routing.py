@@ -383,9 +383,9 @@ torch_sm90_sdpa::sdpa_forward x3""")
         stats = torch_sm90_sdpa.routing_stats()
         self.assertEqual((stats["routed_forward_nodes"], stats["routed_nodes"]), ({"cpu": 3}, {}))
 
-    def test_off_by_default(self):
+    def test_forward_false_keeps_the_stock_forward(self):
         q, k, v, mask, bias = masked_inputs()
-        torch_sm90_sdpa.enable(cpu=True)
+        torch_sm90_sdpa.enable(cpu=True, forward=False)
         compiled = torch.compile(Masked())
         compiled(q, k, v, mask, bias).sum().backward()
         self.assertExpectedInline(ran_attention_ops(
@@ -417,10 +417,10 @@ torch_sm90_sdpa::sdpa_backward x3""")
 
 class TestSwitch(CompileTestCase):
     def test_options_and_uuid(self):
-        torch_sm90_sdpa.enable(cpu=True)
+        torch_sm90_sdpa.enable(cpu=True, forward=False)
         off = torch._inductor.config.joint_custom_pre_pass
         self.assertFalse(routing.routing_options()["forward"])
-        with torch_sm90_sdpa.enable(cpu=True, forward=True):
+        with torch_sm90_sdpa.enable(cpu=True):  # (forward=True is the default)
             on = torch._inductor.config.joint_custom_pre_pass
             self.assertIsInstance(on, forward_pass.JointGraphRewrite)
             self.assertTrue(on.forward and on.causal_masks and on.cpu)
@@ -433,9 +433,13 @@ class TestSwitch(CompileTestCase):
         self.assertIsNone(torch._inductor.config.joint_custom_pre_pass)
 
     def test_env_var(self):
+        on = dict(enabled=True, cpu=False, only_faster=True, causal_masks=True)
         routing.apply_env("forward")
-        self.assertEqual(routing.routing_options(), dict(enabled=True, cpu=False, only_faster=True,
-                                                         causal_masks=True, forward=True))
+        self.assertEqual(routing.routing_options(), dict(on, forward=True))
+        routing.apply_env("backward")
+        self.assertEqual(routing.routing_options(), dict(on, forward=False))
+        routing.apply_env("1")
+        self.assertEqual(routing.routing_options(), dict(on, forward=True))
 
 
 def _generated_cases(n=10, seed=0):

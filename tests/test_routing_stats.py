@@ -136,4 +136,5 @@ def test_summary_of_forward_nodes():
             "anyway).") in text, text
     off = routing._summary_text(dict(stats, forward=False, routed_forward_nodes={},
                                      forward_not_routed={}))
-    assert "Forward nodes stay on stock (enable(forward=True) routes masked ones)." in off, off
+    assert ("Forward nodes stay on stock (enable(forward=False); enable() routes masked "
+            "ones).") in off, off

@@ -200,8 +200,8 @@ def _mask_of(r) -> str:
 
 
 def steps_table(paths):
-    lines = ["| GPU | commit | model | attention_mask | stock ms | enable() ms | speedup | "
-             "enable(forward=True) ms | speedup | "
+    lines = ["| GPU | commit | model | attention_mask | stock ms | backward routed ms | speedup | "
+             "forward and backward routed ms | speedup | "
              "compiled sm90_sdpa ms | speedup | eager sm90_sdpa / eager sdpa | command |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
@@ -249,7 +249,7 @@ def render(runs=None) -> str:
                   "under causal masking), bf16, 16k tokens per batch; the mask columns take the "
                   "causal mask as a bool [B, 1, S, S] tensor (ours and cuDNN) or as a bias of 0 "
                   "and the dtype's minimum (ours). The `sdpa` op and the drop-in run ours for "
-                  "boolean masks only; the forward speed gate of `enable(forward=True)` reads "
+                  "boolean masks only; the compile route's forward speed gate reads "
                   "the files `speed_table_runs.txt` lists (`FORWARD_ROWS`: cuDNN's masked "
                   "time over ours for a mask that hides nothing, tools/speed_table.py).", ""]
         for path in fwd:
@@ -260,8 +260,10 @@ def render(runs=None) -> str:
                   "`benchmarks/bench_transformers.py --interface`: one training step of a "
                   "4-layer transformers Llama (bf16; `attention_mask` none, all ones "
                   "(`--ones`: a graph input, so no mask is proved causal) or half the batch "
-                  "padded (`--padded`)), compiled: stock against `enable()` (the compile "
-                  "route), against `enable(forward=True)` (forward nodes too, `--forward`) "
+                  "padded (`--padded`)), compiled: stock against the compile route with backward "
+                  "nodes only (`enable(forward=False)`; `enable()` before forward routing "
+                  "became its default), against forward nodes routed too (`--forward`: "
+                  "`enable()`, `enable(forward=True)` before) "
                   "and against `attn_implementation=\"sm90_sdpa\"` (the drop-in through "
                   "transformers' attention interface, whose boolean masks take our forward); "
                   "eager `sm90_sdpa` against eager `sdpa`.", ""]

@@ -29,9 +29,10 @@
 #   steps     benchmarks/bench_transformers.py --interface ${STEPS_ARGS} (STEPS_INTERFACE=0 leaves
 #             --interface out: one compiled and two eager models fewer), unpadded and (unless
 #             STEPS_PADDED=0) padded: compiled transformers Llama training steps, stock against
-#             enable() and attn_implementation="sm90_sdpa" (eager and compiled; STEPS_ARGS=--forward
-#             adds enable(forward=True), --ones an all-ones attention_mask); transformers
-#             and its dependencies come from .whl/transformers/ when missing
+#             enable(forward=False) and attn_implementation="sm90_sdpa" (eager and compiled;
+#             STEPS_ARGS=--forward adds enable(), forward nodes routed too; --ones an all-ones
+#             attention_mask); transformers and its dependencies come from .whl/transformers/
+#             when missing
 #   fwd       benchmarks/bench_fwd.py ${FWD_ARGS}: the forward kernels against cuDNN and
 #             FlashAttention-2 (OUTDIR/bench_fwd.json)
 #   all       build, test, sanitize, bench
@@ -237,7 +238,7 @@ do_steps() {
       > "$OUT/bench_transformers${padded:+_padded}.txt" 2>&1
     rc=$?
     [ "$rc" -eq 0 ] || status=1
-    stamp "steps ${padded:-unpadded}: exit $rc; $(grep -E 'speedup|sm90_sdpa|forward=True' \
+    stamp "steps ${padded:-unpadded}: exit $rc; $(grep -E 'speedup|sm90_sdpa|forward nodes too' \
       "$OUT/bench_transformers${padded:+_padded}.txt" | tr '\n' ';')"
   done
 }

@@ -387,7 +387,7 @@ class JointGraphRewrite(_cgp.CustomGraphPass):
     """Inductor joint-graph pass: drops provably causal masks (``causal_masks``), routes forward
     nodes with their backward (``forward``), then runs the user's pass(es) set before."""
 
-    def __init__(self, causal_masks: bool = True, forward: bool = False, cpu: bool = False,
+    def __init__(self, causal_masks: bool = True, forward: bool = True, cpu: bool = False,
                  only_faster: bool = True, user_pass: Any = None):
         self.causal_masks = bool(causal_masks)
         self.forward = bool(forward)

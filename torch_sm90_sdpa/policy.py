@@ -9,7 +9,7 @@ compiled graph as an :class:`AttentionBackwardCall` and asks :func:`decide`, whi
   call is routed only where our kernel measured faster than the stock backward it replaces,
   on the call's GPU model.
 
-The joint-graph rewrite (:mod:`torch_sm90_sdpa.forward_pass`, ``enable(forward=True)``) asks
+The joint-graph rewrite (:mod:`torch_sm90_sdpa.forward_pass`, ``enable()``'s ``forward``) asks
 :func:`decide_forward` of each stock forward node (an :class:`AttentionForwardCall`):
 ``eligibility.forward_eligible``, then ``speed_gate.forward_faster_than_stock``.
 

@@ -1,6 +1,7 @@
 """Public switch of the torch.compile rewrite: enable / disable / routing_stats.
 
-    torch_sm90_sdpa.enable()            # route CUDA SDPA backward calls we serve
+    torch_sm90_sdpa.enable()            # route the CUDA SDPA calls we serve (backward; forward
+                                        #   nodes with a boolean mask, with their backward)
     torch_sm90_sdpa.enable(cpu=True)    # ... and CPU ones, to the CPU reference (tests, CI)
     torch_sm90_sdpa.disable()
     with torch_sm90_sdpa.enable(): ...  # restores the previous state on exit
@@ -9,7 +10,8 @@
 Or, with no code change, the environment variable ``TORCH_SM90_SDPA``: ``1`` / ``on`` /
 ``true`` / ``cuda`` enable the CUDA route, ``cpu`` enables the CPU route too, ``all`` routes
 every eligible CUDA call (also where the stock backward measured faster:
-``enable(only_faster=False)``), ``forward`` also routes forward nodes (``enable(forward=True)``),
+``enable(only_faster=False)``), ``backward`` routes backward nodes only
+(``enable(forward=False)``; ``forward``, the default, is accepted as ``1``),
 ``0`` / ``off`` / empty do nothing. It is applied when the
 package is imported, and, where the package is installed with its entry point, at
 ``import torch`` (``torch_sm90_sdpa_autoload``: ``TORCH_SM90_SDPA=1 python train.py``
@@ -47,7 +49,8 @@ _ENV_OFF = ("", "0", "off", "false", "no")
 _ENV_CUDA = ("1", "on", "true", "yes", "cuda")
 _ENV_CPU = ("cpu",)
 _ENV_ALL = ("all",)
-_ENV_FORWARD = ("forward",)
+_ENV_FORWARD = ("forward",)  # (forward routing is enable()'s default)
+_ENV_BACKWARD = ("backward",)
 
 # Importing the package must not import torch._inductor (about a second): the passes and
 # Inductor's config are imported on the first enable(). Until then no pass of ours can be
@@ -144,7 +147,7 @@ def _warn_if_compiled_before(change: str) -> None:
 
 
 def enable(cpu: bool = False, only_faster: bool = True,
-           causal_masks: bool = True, forward: bool = False) -> _RoutingState:
+           causal_masks: bool = True, forward: bool = True) -> _RoutingState:
     """Route the SDPA backward of every later ``torch.compile`` compilation to our op where
     eligible (see :mod:`torch_sm90_sdpa.policy`). ``cpu=True`` also routes CPU calls to the
     op's CPU reference (for tests and CI). ``only_faster=True`` (the default) routes a CUDA
@@ -152,11 +155,11 @@ def enable(cpu: bool = False, only_faster: bool = True,
     (``policy.faster_than_stock``); ``False`` routes every eligible call. ``causal_masks=True``
     (the default) also drops masks that are provably causal at compile time from both SDPA
     nodes (:mod:`torch_sm90_sdpa.causal_masks`): they become ``is_causal=True`` calls.
-    ``forward=True`` also replaces SDPA forward nodes by ``sdpa_forward`` together with their
-    backward (:mod:`torch_sm90_sdpa.forward_pass`), where both are routed (on CUDA by default:
-    cuDNN forwards with a boolean mask, where cuDNN's masked forward measured slower than
-    ours), in training and in forward-only graphs; off by default until the compiled route of
-    the forward is measured on a GPU.
+    ``forward=True`` (the default) also replaces SDPA forward nodes by ``sdpa_forward``
+    together with their backward (:mod:`torch_sm90_sdpa.forward_pass`), where both are routed
+    (on CUDA with ``only_faster``: cuDNN forwards with a boolean mask, where cuDNN's masked
+    forward measured slower than ours), in training and in forward-only graphs;
+    ``forward=False`` keeps every forward node on stock and routes backward nodes only.
     Idempotent; passes the user set as ``post_grad_custom_post_pass`` /
     ``joint_custom_pre_pass`` before keep running after ours. Call it before the first
     ``torch.compile``: a warning is logged when Dynamo already compiled code in this process,
@@ -264,7 +267,7 @@ def routing_stats(reset: bool = False, summary: bool = False):
                                                #   "efficient" (CUDA) or "cpu"
           "not_routed": {reason: int},         # COMPILE TIME: stock backward nodes kept, by reason
           "routed_forward_nodes": {backend: int},  # COMPILE TIME: stock forward nodes replaced
-                                               #   (enable(forward=True)), by SDPA backend
+                                               #   (enable()'s forward=True), by SDPA backend
           "forward_not_routed": {reason: int},  # COMPILE TIME: stock forward nodes kept, by reason
           "causal_masks": {outcome: int},      # COMPILE TIME: SDPA nodes whose mask was
                                                #   dropped (proved causal) or kept, and why
@@ -415,7 +418,8 @@ def _summary_text(stats: dict) -> str:
                 _because(reason, n) for reason, n in fwd_kept.items())
         parts.append(text + ".")
     elif stats.get("forward") is False and stats["enabled"]:
-        parts.append("Forward nodes stay on stock (enable(forward=True) routes masked ones).")
+        parts.append("Forward nodes stay on stock (enable(forward=False); enable() routes "
+                     "masked ones).")
     masks = stats["causal_masks"]
     if masks:
         parts.append("Masks: " + "; ".join(f"{n} {outcome}" for outcome, n in masks.items())
@@ -458,8 +462,10 @@ def apply_env(value: Optional[str] = None) -> Optional[_RoutingState]:
         return enable(only_faster=False)
     if v in _ENV_FORWARD:
         return enable(forward=True)
-    msg = (f"{ENV_VAR}={value!r} is not understood (expected 1 / on / cuda, cpu, all, forward, "
-           "or 0 / off); routing stays off")
+    if v in _ENV_BACKWARD:
+        return enable(forward=False)
+    msg = (f"{ENV_VAR}={value!r} is not understood (expected 1 / on / cuda, cpu, all, backward, "
+           "forward, or 0 / off); routing stays off")
     warnings.warn(msg, stacklevel=2)
     log.warning(msg)
     return None

@@ -289,9 +289,9 @@ def gate_fingerprint(model: Optional[str]) -> tuple:
 # bias and cuDNN applies it densely), each row for a mask that hides nothing (measured with an
 # all-True mask, or bounded from the full and causal rows where a file predates that column),
 # since the gate cannot see how much a mask hides. The other
-# forwards stay on stock: unmasked, ours measured 0.60-0.77x of cuDNN / FA2 (H100, commit
-# 5fd3549, BENCHMARKS.md "Forward"); with an additive mask of finite fill every tile is partial
-# (0.36-0.45x of cuDNN's masked forward); the memory-efficient forward was not measured.
+# forwards stay on stock: unmasked, ours measured 0.61-0.79x of cuDNN / FA2 (H100, commit
+# 2eb58ab, BENCHMARKS.md "Forward"); with an additive mask of finite fill every tile is partial
+# (0.31-0.47x of cuDNN's masked forward); the memory-efficient forward was not measured.
 FORWARD_MEASURED_DEVICES = tuple(sorted({r["device"] for r in speed_table.FORWARD_ROWS}))
 
 
@@ -312,7 +312,7 @@ def forward_faster_than_stock(call: AttentionForwardCall) -> Decision:
         return _no(R_SLOWER_FORWARD, f"the {call.backend} forward: ours was measured against "
                                      "cuDNN's only; enable(only_faster=False) routes it anyway")
     if call.mask is None:
-        return _no(R_SLOWER_FORWARD, "unmasked: cuDNN's forward measured faster (ours 0.60-0.77x "
+        return _no(R_SLOWER_FORWARD, "unmasked: cuDNN's forward measured faster (ours 0.61-0.79x "
                                      "on an H100); enable(only_faster=False) routes it anyway")
     if call.mask.dtype != torch.bool:
         return _no(R_SLOWER_FORWARD, f"additive mask {_dims(call.mask)} {call.mask.dtype}: a "
