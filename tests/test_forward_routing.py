@@ -304,6 +304,10 @@ flash causal Sq != Sk: its backward stays on stock""")
         gate = speed_gate.forward_gate_lengths(None)
         self.assertEqual(gate[D], ((2048, None),))  # the H100's rows (none of another GPU)
         self.assertEqual(decide(backend="cudnn", sq=1024, sk=1024), policy.R_SLOWER_FORWARD)
+        # measured with Sq = Sk: a short query block against long keys (decoding) stays
+        self.assertEqual(decide(backend="cudnn", sq=16, sk=4096, b=1, hq=2, hkv=2),
+                         policy.R_SLOWER_FORWARD)
+        self.assertEqual(decide(backend="cudnn", sq=4096, sk=2048, b=1, hq=2, hkv=2), "routed")
         self.assertEqual(decide(backend="cudnn", mask=None, **long), policy.R_SLOWER_FORWARD)
         self.assertEqual(decide(backend="cudnn", mask="float", **long), policy.R_SLOWER_FORWARD)
         self.assertEqual(decide(backend="efficient", **long), policy.R_SLOWER_FORWARD)

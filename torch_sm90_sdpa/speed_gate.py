@@ -308,7 +308,9 @@ def forward_gate_lengths(device: Optional[str]) -> dict:
 def forward_faster_than_stock(call: AttentionForwardCall) -> Decision:
     """The forward's speed gate: a cuDNN forward node with a boolean mask (the user's, found
     behind SDPA's conversion) whose head dim and key length measured faster on the call's GPU
-    model."""
+    model, and whose query length lies in the same measured range: bench_fwd measures Sq = Sk,
+    so short query blocks against a long cache (decoding, chunked prefill), where one CTA per
+    128 queries leaves most SMs idle, stay on stock."""
     if call.backend != "cudnn":
         return _no(R_SLOWER_FORWARD, f"the {call.backend} forward: ours was measured against "
                                      "cuDNN's only; enable(only_faster=False) routes it anyway")
@@ -321,10 +323,16 @@ def forward_faster_than_stock(call: AttentionForwardCall) -> Decision:
                                      "forward is faster; enable(only_faster=False) routes it anyway")
     name = device_name(call.device)
     model = name if name in FORWARD_MEASURED_DEVICES else None
-    head_dim, seqlen_k = call.q.size(-1), call.k.size(2)
+    head_dim, seqlen_q, seqlen_k = call.q.size(-1), call.q.size(2), call.k.size(2)
     lengths = forward_gate_lengths(model)
-    if in_routed_lengths(seqlen_k, lengths.get(head_dim, ())):
-        return ROUTE
+    ranges = lengths.get(head_dim, ())
+    if in_routed_lengths(seqlen_k, ranges):
+        if in_routed_lengths(seqlen_q, ranges):
+            return ROUTE
+        return _no(R_SLOWER_FORWARD, f"masked forward with head dim {head_dim}, Sq = {seqlen_q} "
+                                     f"against Sk = {seqlen_k}: ours was measured with Sq = Sk "
+                                     f"only, faster for {describe_lengths(lengths)}; "
+                                     "enable(only_faster=False) routes it anyway")
     return _no(R_SLOWER_FORWARD, f"masked forward with head dim {head_dim}, Sk = {seqlen_k}: ours "
                                  f"measured faster {_measured_on(model)} only for "
                                  f"{describe_lengths(lengths)}; enable(only_faster=False) routes "
