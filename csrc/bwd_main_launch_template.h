@@ -1,7 +1,8 @@
-// Definition of run_bwd_main<DType, D> (declared in bwd_main_launch.h) and of the launcher of
-// each of its kernels, launch_bwd_main<DType, D, kMasked, Cfg>: builds the TMA descriptors and
-// launches the SM90 main backward kernel. Included by the generated
-// csrc/instantiations/bwd_main_<dtype>_hdim<D>[_masked|_full].cu (explicit instantiations).
+// Definition of run_bwd_main<DType, D, Dv> (declared in bwd_main_launch.h) and of the launcher
+// of each of its kernels, launch_bwd_main<DType, D, kMasked, Cfg>: builds the TMA descriptors
+// and launches the SM90 main backward kernel. Included by the generated
+// csrc/instantiations/bwd_main_<dtype>_hdim<D>[x<Dv>][_masked|_full].cu (explicit
+// instantiations).
 #pragma once
 
 // 64xNx16 wgmma shapes with N not a power of two (e.g. 48 for head dim 96 split in two).
@@ -27,7 +28,8 @@ namespace sm90_sdpa {
 
 // kMasked: the kernel that reads tile classes (params.mask_kind set); the other one has no
 // mask code at all, so the mask's code paths cost the dense kernel no registers.
-// Cfg: the tile (DefaultBwdConfig<D>, or FullBwdConfig<D> for the calls run_bwd_main gives it).
+// Cfg: the tile (DefaultBwdConfig<D>, or FullBwdConfig<D> for the calls run_bwd_main gives it;
+// DefaultBwdConfigDv<D, Dv> for a pair of TILES_DV, whose value head dim is Cfg::kHeadDimV).
 template <DType kDType, int kHeadDim, bool kMasked, class Cfg>
 void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   using Element = typename detail::ElementOf<kDType>::type;
@@ -60,8 +62,10 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   // take about half of the L2.
   int const l2_bytes = p.l2_bytes > 0 ? p.l2_bytes : (50 << 20);
   int const heads_per_cta = std::max(1, p.heads_per_cta);
+  // (Q and K are D wide, dO and V Dv wide)
+  constexpr int64_t kDims = int64_t(kHeadDim) + Cfg::kHeadDimV;
   int64_t const bytes_per_head =
-      int64_t(kHeadDim) * sizeof(Element) * (2 * int64_t(p.seqlen_q) + 2 * int64_t(p.seqlen_k) * p.heads_kv / p.heads_q) *
+      int64_t(sizeof(Element)) * (kDims * p.seqlen_q + kDims * int64_t(p.seqlen_k) * p.heads_kv / p.heads_q) *
       heads_per_cta;
   int const num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   int64_t hps = std::max<int64_t>(1, (int64_t(l2_bytes) / 2) / std::max<int64_t>(bytes_per_head, 1));
@@ -105,7 +109,7 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   // (make_params), where this kernel's tile gives the same tile count and slot size; every
   // piece holds at least one m-block (r M >= P) and every CTA's first unit is a whole tile.
   if (persistent && !kMasked && !p.is_causal && p.split_tiles > 0 && p.split_count != nullptr &&
-      p.split_accum != nullptr && p.split_slot_floats == 2 * Cfg::kBlockN * kHeadDim) {
+      p.split_accum != nullptr && p.split_slot_floats == Cfg::kBlockN * (kHeadDim + Cfg::kHeadDimV)) {
     int64_t const tiles = Scheduler::num_tiles(sched);
     int64_t const ctas = grid.x;
     int const m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
@@ -129,15 +133,17 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
                      "kernel launch");
 }
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, int kHeadDimV>
 void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
-  using Default = kernel::DefaultBwdConfig<kHeadDim>;
-  using Full = kernel::FullBwdConfig<kHeadDim>;
+  using Configs = kernel::BwdConfigs<kHeadDim, kHeadDimV>;
+  using Default = typename Configs::Default;
+  using Full = typename Configs::Full;
+  static_assert(Default::kHeadDim == kHeadDim && Default::kHeadDimV == kHeadDimV);
   if (params.mask_kind != MaskKind::kNone) {
     launch_bwd_main<kDType, kHeadDim, true, Default>(params, stream);
     return;
   }
-  if constexpr (Full::kHasFullTile) {
+  if constexpr (Configs::kHasFullTile) {
     // causal and full calls (causal measured 3% faster at 8k keys on d128's 80 x 128 tile);
     // the tile classes and the deterministic semaphores are laid out by the default tile
     // (up to kFullTileMinQueries queries the default tile, instantiations/tile_configs.h: its

@@ -8,6 +8,9 @@
 //  * "swapped dK/dV" (head dims 192 / 256): the dK/dV accumulators are too large for one
 //    warpgroup's rows, so the warpgroups compute dV^T = dO^T P and dK^T = Q^T dS (M = head dim)
 //    with P and dS from shared memory; S and dP are split between warpgroups along kBlockN.
+// The value head dim kHeadDimV (Dv, default D) may differ from D in the swapped-dK/dV family
+// (DeepSeek-style MLA, D = 192 with Dv = 128): V, dO, dP = dO V^T (k-steps over Dv), the dV
+// accumulator and its epilogue are Dv wide; Q, K, S = Q K^T, dQ and dK are D wide.
 // The dQ tile (kBlockM x D) is dS K, split between warpgroups, and computed in kdQSlices
 // column slices (register pressure at D = 256); or, kdQSwapAB, dQ^T = K^T dS^T with the
 // warpgroups split along the head dim, for a kBlockM that is not a multiple of 64 (wgmma's M).
@@ -19,9 +22,10 @@ namespace kernel {
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNumMmaWG_, int kStagesQ_, int kStagesdO_,
           int kStagesdS_, bool kSdPSwapAB_, bool kdKVSwapAB_, int kAtomLayoutMSdP_,
           int kAtomLayoutNdKV_, int kAtomLayoutMdQ_, int kdQSlices_, bool kdQSwapAB_ = false,
-          bool kSdPByWG_ = false, bool kdKVStmatrix_ = false>
+          bool kSdPByWG_ = false, bool kdKVStmatrix_ = false, int kHeadDimV_ = kHeadDim_>
 struct BwdTileConfig {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;    // v / out / dO head dim (Dv)
   static constexpr int kBlockM = kBlockM_;        // query rows per m-block
   static constexpr int kBlockN = kBlockN_;        // key rows per CTA
   static constexpr int kNumMmaWG = kNumMmaWG_;    // consumer (MMA) warpgroups
@@ -57,6 +61,11 @@ struct BwdTileConfig {
   static_assert(!kSdPByWG || (!kSdPSwapAB && kdKVSwapAB && kNumMmaWG == 2 && kAtomLayoutMSdP == 1),
                 "S / dP by warpgroup: unswapped S, P from shared memory for dV, two MMA warpgroups");
   static_assert(!kdKVStmatrix || kdKVSwapAB, "stmatrix .trans stores the swapped dK^T / dV^T");
+  // Dv != D: the swapped dK / dV only (dV^T's M = Dv in wgmma atoms of 64 rows per warpgroup;
+  // the unswapped family's dV tiled MMA splits D between the warpgroups)
+  static_assert(kHeadDimV == kHeadDim ||
+                    (kdKVSwapAB && kHeadDimV % (64 * (kNumMmaWG / kAtomLayoutNdKV)) == 0 && kHeadDimV % 64 == 0),
+                "a value head dim other than D needs the swapped dK / dV and a multiple of 64");
 };
 
 // Default tile per head dim (bf16 and fp16 share it). The specializations are generated from
@@ -70,6 +79,26 @@ struct DefaultBwdConfig;
 template <int kHeadDim>
 struct FullBwdConfig : DefaultBwdConfig<kHeadDim> {
   static constexpr bool kHasFullTile = false;
+};
+
+// The tile of a (D, Dv) pair with Dv != D (TILES_DV in csrc/generate_instantiations.py): a
+// template of its own, so that the kernels of Dv == D keep their types (and symbols).
+template <int kHeadDim, int kHeadDimV>
+struct DefaultBwdConfigDv;
+
+// run_bwd_main's tiles of a (D, Dv) variant: Default (masked, deterministic and the dense
+// kernel's default) and, kHasFullTile, Full (dense, not deterministic, long query lengths).
+template <int kHeadDim, int kHeadDimV>
+struct BwdConfigs {
+  using Default = DefaultBwdConfigDv<kHeadDim, kHeadDimV>;
+  using Full = Default;
+  static constexpr bool kHasFullTile = false;
+};
+template <int kHeadDim>
+struct BwdConfigs<kHeadDim, kHeadDim> {
+  using Default = DefaultBwdConfig<kHeadDim>;
+  using Full = FullBwdConfig<kHeadDim>;
+  static constexpr bool kHasFullTile = FullBwdConfig<kHeadDim>::kHasFullTile;
 };
 
 }  // namespace kernel

@@ -1,5 +1,6 @@
 // Epilogue of the SM90 attention backward: dK_j and dV_j from the MMA warpgroups' registers
 // to global memory through shared memory and TMA.
+// dK is (kBlockN, D), dV (kBlockN, Dv) (Dv == D but for the pairs of TILES_DV).
 //   MHA (Hq == Hkv): dK * scale and dV in the input dtype, TMA store into params.dk / params.dv
 //                    (arbitrary batch/head/row strides; rows >= Sk are clipped by the tensor map).
 //                    Also GQA when one CTA walks the whole group (heads_per_cta > 1: dK, dV
@@ -29,29 +30,42 @@ struct BwdEpilogue {
   using ElementAccum = float;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kHeadDimV = Cfg::kHeadDimV;
   static constexpr int kNumMmaThreads = Mainloop::kNumMmaThreads;
   static constexpr bool kdKVSwapAB = Cfg::kdKVSwapAB;
   static constexpr bool kdKVStmatrix = Cfg::kdKVStmatrix;
   using TiledMmadKV = typename Mainloop::TiledMmadKV;
 
   // (kBlockN, D) tiles, d contiguous, swizzled; transposed views for the swapped accumulators.
-  using SmemLayoutdKV = decltype(tile_to_shape(
-      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>(),
-      make_shape(Int<kBlockN>{}, Int<kHeadDim>{})));
-  using SmemLayoutdKVAccum = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<ElementAccum>{},
-                                                    make_shape(Int<kBlockN>{}, Int<kHeadDim>{})));
+  // kDim: D (dK) or Dv (dV).
+  template <class T, int kDim>
+  using SmemLayoutTile = std::conditional_t<
+      sizeof(T) == 2,
+      decltype(tile_to_shape(
+          cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockN>, Int<kDim>>(),
+          make_shape(Int<kBlockN>{}, Int<kDim>{}))),
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<ElementAccum>{}, make_shape(Int<kBlockN>{}, Int<kDim>{})))>;
+  using SmemLayoutdKV = SmemLayoutTile<Element, kHeadDim>;  // dK's (and dV's where Dv == D)
+  using SmemLayoutdV = SmemLayoutTile<Element, kHeadDimV>;
+  using SmemLayoutdKVAccum = SmemLayoutTile<ElementAccum, kHeadDim>;
+  using SmemLayoutdVAccum = SmemLayoutTile<ElementAccum, kHeadDimV>;
+  // the tile's width: its layout's second extent
   template <class L>
-  using Transposed = decltype(composition(L{}, make_layout(make_shape(Int<kHeadDim>{}, Int<kBlockN>{}),
+  static constexpr int kTileCols = decltype(size<1>(L{}))::value;
+  template <class L>
+  using Transposed = decltype(composition(L{}, make_layout(make_shape(Int<kTileCols<L>>{}, Int<kBlockN>{}),
                                                            make_stride(Int<kBlockN>{}, _1{}))));
 
   // fp32 tiles (GQA's accumulators): in the mainloop's shared memory (a union with it), once
   // the MMA warps are done with it
   struct TensorStorage {
     cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutdKVAccum>, 1024> smem_dk;
-    cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutdKVAccum>, 1024> smem_dv;
+    cute::array_aligned<ElementAccum, cute::cosize_v<SmemLayoutdVAccum>, 1024> smem_dv;
   };
   static_assert(cute::cosize_v<SmemLayoutdKV> * sizeof(Element) <=
                 cute::cosize_v<SmemLayoutdKVAccum> * sizeof(ElementAccum));
+  static_assert(cute::cosize_v<SmemLayoutdV> * sizeof(Element) <=
+                cute::cosize_v<SmemLayoutdVAccum> * sizeof(ElementAccum));
 
   // Tiles in the input dtype (MHA, a walked GQA group) go where the next tile's loads do not:
   // both into the dQ staging tile, or dK into the dS buffers and dV into the dQ staging tile,
@@ -59,37 +73,42 @@ struct BwdEpilogue {
   // once the first one's store has read it, whichever fits first (kPlacement); the last one
   // only where a CTA takes several tiles (Params::one_tile_per_cta: else both into the union
   // at once). Else into the union, and a CTA takes one tile only (BwdKernel::kPersistentCapable).
-  static constexpr int kTileBytes = kBlockN * kHeadDim * int(sizeof(Element));
+  static constexpr int kTileBytes = kBlockN * kHeadDim * int(sizeof(Element));    // dK's
+  static constexpr int kTileBytesV = kBlockN * kHeadDimV * int(sizeof(Element));  // dV's
   static constexpr int kStagingBytes = cute::cosize_v<typename Mainloop::SmemLayoutdQ> * int(sizeof(ElementAccum));
   static constexpr int kdSBytes = cute::cosize_v<typename Mainloop::SmemLayoutPdS> * int(sizeof(Element));
   enum : int { kInUnion = 0, kBothInStaging = 1, kdKIndSdVInStaging = 2, kInTurnInStaging = 3 };
-  static constexpr int kPlacement = kStagingBytes >= 2 * kTileBytes ? kBothInStaging
-                                    : (kStagingBytes >= kTileBytes && kdSBytes >= kTileBytes) ? kdKIndSdVInStaging
-                                    : kStagingBytes >= kTileBytes                              ? kInTurnInStaging
-                                                                                               : kInUnion;
+  static constexpr int kPlacement =
+      kStagingBytes >= kTileBytes + kTileBytesV                               ? kBothInStaging
+      : (kStagingBytes >= kTileBytesV && kdSBytes >= kTileBytes)              ? kdKIndSdVInStaging
+      : (kStagingBytes >= kTileBytes && kStagingBytes >= kTileBytesV)         ? kInTurnInStaging
+                                                                              : kInUnion;
   static constexpr bool kTilesOutsideMainloop = kPlacement != kInUnion;
   static_assert(kTileBytes % 1024 == 0, "a tile placed after another keeps the swizzle's 1 KB alignment");
 
   using ShapeQKV = typename Mainloop::ShapeQKV;
   using StrideQKV = typename Mainloop::StrideQKV;
-  using TMA_dKV = decltype(make_tma_copy(
-      SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      SmemLayoutdKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  using TMA_dKVAccum = decltype(make_tma_copy(
-      SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<ElementAccum*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      SmemLayoutdKVAccum{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  using TMA_dKVAccumStore = decltype(make_tma_copy(
-      SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<ElementAccum*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      SmemLayoutdKVAccum{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // TMA copies of a tile: CopyOp (store or reduce-add) of T elements, (kBlockN, kDim)
+  template <class CopyOp, class T, int kDim>
+  using TmaTile = decltype(make_tma_copy(
+      CopyOp{}, make_tensor(make_gmem_ptr(static_cast<T*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutTile<T, kDim>{}, Shape<Int<kBlockN>, Int<kDim>>{}, _1{}));
+  using TMA_dKV = TmaTile<SM90_TMA_STORE, Element, kHeadDim>;
+  using TMA_dV = TmaTile<SM90_TMA_STORE, Element, kHeadDimV>;
+  using TMA_dKVAccum = TmaTile<SM90_TMA_REDUCE_ADD, ElementAccum, kHeadDim>;
+  using TMA_dVAccum = TmaTile<SM90_TMA_REDUCE_ADD, ElementAccum, kHeadDimV>;
+  using TMA_dKVAccumStore = TmaTile<SM90_TMA_STORE, ElementAccum, kHeadDim>;
+  using TMA_dVAccumStore = TmaTile<SM90_TMA_STORE, ElementAccum, kHeadDimV>;
 
   struct Params {
-    ShapeQKV shape_dKV;  // MHA: (Sk, D, Hkv, B); GQA: (Sk_rounded, D, Hkv or, deterministic, Hq, B)
+    // MHA: (Sk, D, Hkv, B); GQA: (Sk_rounded, D, Hkv or, deterministic, Hq, B); dV's: shape_dV()
+    ShapeQKV shape_dKV;
     TMA_dKV tma_store_dK;
-    TMA_dKV tma_store_dV;
+    TMA_dV tma_store_dV;
     TMA_dKVAccum tma_add_dK;
-    TMA_dKVAccum tma_add_dV;
+    TMA_dVAccum tma_add_dV;
     TMA_dKVAccumStore tma_store_dK_per_qhead;  // deterministic GQA
-    TMA_dKVAccumStore tma_store_dV_per_qhead;
+    TMA_dVAccumStore tma_store_dV_per_qhead;
     float scale;
     int qhead_per_khead;
     bool one_tile_per_cta;  // set by the launch: the grid has a CTA per tile
@@ -99,6 +118,17 @@ struct BwdEpilogue {
     int* split_count;
     float* split_accum;
   };
+
+  // dV's (S, Dv, H, B): shape_dKV with the value head dim (kept out of Params, whose layout
+  // the kernels of Dv == D keep)
+  CUTE_HOST_DEVICE static ShapeQKV shape_dV(Params const& params) {
+    if constexpr (kHeadDimV == kHeadDim) {
+      return params.shape_dKV;
+    } else {
+      auto const& s = params.shape_dKV;
+      return make_shape(get<0>(s), int32_t(kHeadDimV), get<2>(s), get<3>(s));
+    }
+  }
 
   static Params to_params(BwdParams const& p) {
     Params out{};
@@ -113,24 +143,28 @@ struct BwdEpilogue {
       out.shape_dKV = make_shape(p.seqlen_k, int32_t(kHeadDim), p.heads_kv, p.batch);
       auto mdK = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dk)), out.shape_dKV,
                              make_stride(p.dk_row_stride, _1{}, p.dk_head_stride, p.dk_batch_stride));
-      auto mdV = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dv)), out.shape_dKV,
+      auto mdV = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dv)), shape_dV(out),
                              make_stride(p.dv_row_stride, _1{}, p.dv_head_stride, p.dv_batch_stride));
       out.tma_store_dK = make_tma_copy(SM90_TMA_STORE{}, mdK, SmemLayoutdKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
-      out.tma_store_dV = make_tma_copy(SM90_TMA_STORE{}, mdV, SmemLayoutdKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+      out.tma_store_dV = make_tma_copy(SM90_TMA_STORE{}, mdV, SmemLayoutdV{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{});
     } else {
       int const heads = out.per_qhead ? p.heads_q : p.heads_kv;
       out.shape_dKV = make_shape(p.seqlen_k_rounded, int32_t(kHeadDim), heads, p.batch);
-      int64_t const hs = int64_t(p.seqlen_k_rounded) * kHeadDim;
-      auto stride = make_stride(int64_t(kHeadDim), _1{}, hs, hs * heads);
-      auto mdK = make_tensor(make_gmem_ptr(p.dk_accum), out.shape_dKV, stride);
-      auto mdV = make_tensor(make_gmem_ptr(p.dv_accum), out.shape_dKV, stride);
+      // dk_accum [.., Sk_rounded, D], dv_accum [.., Sk_rounded, Dv], contiguous
+      auto accum_stride = [&](int dim) {
+        int64_t const hs = int64_t(p.seqlen_k_rounded) * dim;
+        return make_stride(int64_t(dim), _1{}, hs, hs * heads);
+      };
+      auto mdK = make_tensor(make_gmem_ptr(p.dk_accum), out.shape_dKV, accum_stride(kHeadDim));
+      auto mdV = make_tensor(make_gmem_ptr(p.dv_accum), shape_dV(out), accum_stride(kHeadDimV));
       auto tile = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+      auto tile_v = Shape<Int<kBlockN>, Int<kHeadDimV>>{};
       if (out.per_qhead) {
         out.tma_store_dK_per_qhead = make_tma_copy(SM90_TMA_STORE{}, mdK, SmemLayoutdKVAccum{}, tile, _1{});
-        out.tma_store_dV_per_qhead = make_tma_copy(SM90_TMA_STORE{}, mdV, SmemLayoutdKVAccum{}, tile, _1{});
+        out.tma_store_dV_per_qhead = make_tma_copy(SM90_TMA_STORE{}, mdV, SmemLayoutdVAccum{}, tile_v, _1{});
       } else {
         out.tma_add_dK = make_tma_copy(SM90_TMA_REDUCE_ADD{}, mdK, SmemLayoutdKVAccum{}, tile, _1{});
-        out.tma_add_dV = make_tma_copy(SM90_TMA_REDUCE_ADD{}, mdV, SmemLayoutdKVAccum{}, tile, _1{});
+        out.tma_add_dV = make_tma_copy(SM90_TMA_REDUCE_ADD{}, mdV, SmemLayoutdVAccum{}, tile_v, _1{});
       }
     }
     return out;
@@ -184,15 +218,23 @@ struct BwdEpilogue {
   // copies (a store or a reduce-add, as the TMA objects say) into head `head` and waits until
   // they have read shared memory. kOneBuffer (sk == sv, kInTurnInStaging): dK's copy has read
   // the tile before dV is written into it.
-  template <bool kOneBuffer, class T, class SmemLayout, class TmaCopy, class FrgdKV>
-  CUTE_DEVICE static void store_tiles(TmaCopy const& tma_dk, TmaCopy const& tma_dv, T* sk, T* sv,
-                                      FrgdKV const& tdKrdK, FrgdKV const& tdVrdV, float k_scale,
+  // SmemLayout / SmemLayoutV: dK's (kBlockN, D) and dV's (kBlockN, Dv) tiles; shape: dK's
+  // (S, D, H, B) (dV's: its value head dim).
+  template <bool kOneBuffer, class T, class SmemLayout, class SmemLayoutV, class TmaCopyK, class TmaCopyV,
+            class FrgdK, class FrgdV>
+  CUTE_DEVICE static void store_tiles(TmaCopyK const& tma_dk, TmaCopyV const& tma_dv, T* sk, T* sv,
+                                      FrgdK const& tdKrdK, FrgdV const& tdVrdV, float k_scale,
                                       ShapeQKV const& shape, int thread_idx, int n_block, int head,
                                       int bidb) {
-    auto issue = [&](TmaCopy const& tma, T* smem) {
-      Tensor sT = make_tensor(make_smem_ptr(smem), SmemLayout{});
-      Tensor gT = local_tile(tma.get_tma_tensor(shape)(_, _, head, bidb),
-                             Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
+    auto issue = [&](auto const& tma, T* smem, auto layout) {
+      using Layout = decltype(layout);
+      ShapeQKV shape_t = shape;
+      if constexpr (kTileCols<Layout> != kHeadDim) {
+        shape_t = make_shape(get<0>(shape), int32_t(kTileCols<Layout>), get<2>(shape), get<3>(shape));
+      }
+      Tensor sT = make_tensor(make_smem_ptr(smem), Layout{});
+      Tensor gT = local_tile(tma.get_tma_tensor(shape_t)(_, _, head, bidb),
+                             Shape<Int<kBlockN>, Int<kTileCols<Layout>>>{}, make_coord(n_block, _0{}));
       auto slice = tma.get_slice(_0{});
       copy(tma, slice.partition_S(sT), slice.partition_D(gT));
     };
@@ -201,18 +243,18 @@ struct BwdEpilogue {
       cutlass::arch::fence_view_async_shared();
       named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
       if (thread_idx == 0) {
-        issue(tma_dk, sk);
+        issue(tma_dk, sk, SmemLayout{});
         tma_store_arrive();
         tma_store_wait<0>();
       }
       named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);  // dK's copy has read the buffer
     }
-    write_tile<T, SmemLayout>(sv, tdVrdV, thread_idx, 1.f);
+    write_tile<T, SmemLayoutV>(sv, tdVrdV, thread_idx, 1.f);
     cutlass::arch::fence_view_async_shared();
     named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
     if (thread_idx == 0) {
-      if constexpr (!kOneBuffer) { issue(tma_dk, sk); }
-      issue(tma_dv, sv);
+      if constexpr (!kOneBuffer) { issue(tma_dk, sk, SmemLayout{}); }
+      issue(tma_dv, sv, SmemLayoutV{});
       tma_store_arrive();
       tma_store_wait<0>();
     }
@@ -223,21 +265,27 @@ struct BwdEpilogue {
   // coalesced 16-byte adds, no layout to agree on), then counts itself in; the fragment that
   // brings the count to split_frags reads the sums back into its registers and returns true
   // (it stores the tile); the others return false. No fragment waits for another.
-  template <class SharedStorage, class FrgdKV>
-  CUTE_DEVICE static bool sum_split_fragments(Params const& params, FrgdKV& tdKrdK, FrgdKV& tdVrdV,
+  // (a slot: kBlockN * (D + Dv) floats, BwdParams::split_slot_floats)
+  template <class SharedStorage, class FrgdK, class FrgdV>
+  CUTE_DEVICE static bool sum_split_fragments(Params const& params, FrgdK& tdKrdK, FrgdV& tdVrdV,
                                               SharedStorage& ss, int thread_idx, int split_index,
                                               int split_frags) {
     constexpr int kVecs = decltype(size(tdKrdK))::value / 4;
-    static_assert(kVecs * 4 == decltype(size(tdKrdK))::value);
-    float4* slot_dk = reinterpret_cast<float4*>(params.split_accum) + int64_t(split_index) * 2 * kVecs * kNumMmaThreads;
+    constexpr int kVecsV = decltype(size(tdVrdV))::value / 4;
+    static_assert(kVecs * 4 == decltype(size(tdKrdK))::value && kVecsV * 4 == decltype(size(tdVrdV))::value);
+    float4* slot_dk = reinterpret_cast<float4*>(params.split_accum) +
+                      int64_t(split_index) * (kVecs + kVecsV) * kNumMmaThreads;
     float4* slot_dv = slot_dk + kVecs * kNumMmaThreads;
     CUTLASS_PRAGMA_UNROLL
     for (int v = 0; v < kVecs; ++v) {
       atomicAdd(slot_dk + v * kNumMmaThreads + thread_idx,
                 make_float4(tdKrdK(4 * v), tdKrdK(4 * v + 1), tdKrdK(4 * v + 2), tdKrdK(4 * v + 3)));
-      atomicAdd(slot_dv + v * kNumMmaThreads + thread_idx,
-                make_float4(tdVrdV(4 * v), tdVrdV(4 * v + 1), tdVrdV(4 * v + 2), tdVrdV(4 * v + 3)));
+      if (v < kVecsV) {
+        atomicAdd(slot_dv + v * kNumMmaThreads + thread_idx,
+                  make_float4(tdVrdV(4 * v), tdVrdV(4 * v + 1), tdVrdV(4 * v + 2), tdVrdV(4 * v + 3)));
+      }
     }
+    static_assert(kVecsV <= kVecs, "dV's fragment is no larger than dK's (Dv <= D)");
     __threadfence();  // this thread's adds before the count (release)
     named_sync(kNumMmaThreads, BwdBarrier::kEpilogue);
     if (thread_idx == 0) {
@@ -249,9 +297,11 @@ struct BwdEpilogue {
     CUTLASS_PRAGMA_UNROLL
     for (int v = 0; v < kVecs; ++v) {
       float4 const k = __ldcg(slot_dk + v * kNumMmaThreads + thread_idx);
-      float4 const d = __ldcg(slot_dv + v * kNumMmaThreads + thread_idx);
       tdKrdK(4 * v) = k.x, tdKrdK(4 * v + 1) = k.y, tdKrdK(4 * v + 2) = k.z, tdKrdK(4 * v + 3) = k.w;
-      tdVrdV(4 * v) = d.x, tdVrdV(4 * v + 1) = d.y, tdVrdV(4 * v + 2) = d.z, tdVrdV(4 * v + 3) = d.w;
+      if (v < kVecsV) {
+        float4 const d = __ldcg(slot_dv + v * kNumMmaThreads + thread_idx);
+        tdVrdV(4 * v) = d.x, tdVrdV(4 * v + 1) = d.y, tdVrdV(4 * v + 2) = d.z, tdVrdV(4 * v + 3) = d.w;
+      }
     }
     return true;
   }
@@ -260,8 +310,8 @@ struct BwdEpilogue {
   // tile_valid: the tile saw a query (the mainloop handed dQ tiles to the writer warp).
   // split_frags > 1: the work item was one of that many fragments of split tile split_index
   // (the scheduler's split tail; MHA or a walked GQA group only).
-  template <class SharedStorage, class FrgdKV>
-  CUTE_DEVICE void store(Params const& params, FrgdKV& tdKrdK, FrgdKV& tdVrdV, SharedStorage& ss,
+  template <class SharedStorage, class FrgdK, class FrgdV>
+  CUTE_DEVICE void store(Params const& params, FrgdK& tdKrdK, FrgdV& tdVrdV, SharedStorage& ss,
                          int thread_idx, int n_block, int bidh, int bidb, bool tile_valid, int split_index,
                          int split_frags) {
     // nothing to add (a per-q-head tile is stored even so: the postprocess reads every tile)
@@ -282,7 +332,7 @@ struct BwdEpilogue {
       bool in_union = !kTilesOutsideMainloop;
       if constexpr (kPlacement == kInTurnInStaging) { in_union = params.one_tile_per_cta; }
       if (in_union) {
-        store_tiles<false, Element, SmemLayoutdKV>(
+        store_tiles<false, Element, SmemLayoutdKV, SmemLayoutdV>(
             params.tma_store_dK, params.tma_store_dV, reinterpret_cast<Element*>(ss.tensors.epilogue.smem_dk.data()),
             reinterpret_cast<Element*>(ss.tensors.epilogue.smem_dv.data()), tdKrdK, tdVrdV, params.scale,
             params.shape_dKV, thread_idx, n_block, bidh_kv, bidb);
@@ -293,7 +343,7 @@ struct BwdEpilogue {
         // the dQ writer is done reading the staging tile (its arrival after the last reduce-add;
         // the mainloop takes the first turn again at its next tile)
         if (tile_valid) { named_sync(kNumMmaThreads + cutlass::NumThreadsPerWarp, BwdBarrier::kdQEmpty); }
-        store_tiles<kPlacement == kInTurnInStaging, Element, SmemLayoutdKV>(
+        store_tiles<kPlacement == kInTurnInStaging, Element, SmemLayoutdKV, SmemLayoutdV>(
             params.tma_store_dK, params.tma_store_dV, sk, sv, tdKrdK, tdVrdV, params.scale, params.shape_dKV,
             thread_idx, n_block, bidh_kv, bidb);
         // the stores have read the tiles: the next tile's dS and dQ may take the buffers
@@ -301,12 +351,12 @@ struct BwdEpilogue {
       }
     } else if (params.per_qhead) {  // deterministic GQA: unscaled fp32, this q head's tile
       auto& st = ss.tensors.epilogue;
-      store_tiles<false, float, SmemLayoutdKVAccum>(params.tma_store_dK_per_qhead, params.tma_store_dV_per_qhead,
+      store_tiles<false, float, SmemLayoutdKVAccum, SmemLayoutdVAccum>(params.tma_store_dK_per_qhead, params.tma_store_dV_per_qhead,
                                                     st.smem_dk.data(), st.smem_dv.data(), tdKrdK, tdVrdV, 1.f,
                                                     params.shape_dKV, thread_idx, n_block, bidh, bidb);
     } else {  // GQA: unscaled fp32, added into the group's accumulators
       auto& st = ss.tensors.epilogue;
-      store_tiles<false, float, SmemLayoutdKVAccum>(params.tma_add_dK, params.tma_add_dV, st.smem_dk.data(),
+      store_tiles<false, float, SmemLayoutdKVAccum, SmemLayoutdVAccum>(params.tma_add_dK, params.tma_add_dV, st.smem_dk.data(),
                                                     st.smem_dv.data(), tdKrdK, tdVrdV, 1.f, params.shape_dKV,
                                                     thread_idx, n_block, bidh_kv, bidb);
     }

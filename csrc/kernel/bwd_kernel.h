@@ -116,7 +116,7 @@ struct BwdKernel {
     pdo.role = warp_group_idx == 0 ? CategorydO::Producer : CategorydO::Consumer;
     pdo.is_leader = threadIdx.x == 0;
     pdo.num_consumers = Mainloop::kNumMmaThreads;
-    pdo.transaction_bytes = Mainloop::kTmaBytesQ + Mainloop::kBytesRowStat;
+    pdo.transaction_bytes = Mainloop::kTmaBytesdO + Mainloop::kBytesRowStat;
     PipelinedO pipeline_do(ss.pipelines.pipeline_do, pdo, Shape<_1, _1, _1>{});
 
     Mainloop mainloop;
@@ -150,7 +150,7 @@ struct BwdKernel {
       typename Mainloop::TiledMmadKV tiled_mma_dKV;
       consume_tiles(params, ss, [&](WorkTile const& w) __attribute__((always_inline)) {
         Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
-        Tensor tdVrdV = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedKV{});
+        Tensor tdVrdV = partition_fragment_C(tiled_mma_dKV, typename Mainloop::ShapedV{});
         bool const tile_valid = mainloop.mma(params.mainloop, pipeline_q, pipeline_do, read_q, read_do, tdKrdK,
                                              tdVrdV, thread_idx, w.n_block, w.head_group, w.bidb, w.m_lo, w.m_hi,
                                              ss, kv_loads);

@@ -57,6 +57,8 @@ struct BwdMainloop {
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kHeadDim = Cfg::kHeadDim;
+  // V, dO (and out) head dim: dP = dO V^T takes its k-steps over it, dV is Dv wide
+  static constexpr int kHeadDimV = Cfg::kHeadDimV;
   static constexpr int kNumMmaWG = Cfg::kNumMmaWG;
   static constexpr int kNumMmaThreads = kNumMmaWG * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kStagesQ = Cfg::kStagesQ;
@@ -92,7 +94,9 @@ struct BwdMainloop {
   using ShapeS = std::conditional_t<!kSdPSwapAB, Shape<Int<kBlockM>, Int<kBlockN>>,
                                     Shape<Int<kBlockN>, Int<kBlockM>>>;
   using ShapedKV = std::conditional_t<!kdKVSwapAB, Shape<Int<kBlockN>, Int<kHeadDim>>,
-                                      Shape<Int<kHeadDim>, Int<kBlockN>>>;
+                                      Shape<Int<kHeadDim>, Int<kBlockN>>>;  // dK
+  using ShapedV = std::conditional_t<!kdKVSwapAB, Shape<Int<kBlockN>, Int<kHeadDimV>>,
+                                     Shape<Int<kHeadDimV>, Int<kBlockN>>>;
   using ShapedQ = Shape<Int<kBlockM>, Int<kdQCols>>;  // the staging tile (and dq_accum's box)
   using ShapedQAcc = std::conditional_t<!kdQSwapAB, ShapedQ, Shape<Int<kdQCols>, Int<kBlockM>>>;
 
@@ -116,6 +120,8 @@ struct BwdMainloop {
       std::conditional_t<!kdKVSwapAB, Layout<Shape<Int<kAtomLayoutNdKV>, Int<kNumMmaWG / kAtomLayoutNdKV>, _1>>,
                          Layout<Shape<Int<kNumMmaWG / kAtomLayoutNdKV>, Int<kAtomLayoutNdKV>, _1>>>;
   // P^T / dS^T (k, q) views are k-contiguous (MN-major); dO^T / Q^T (d, q) views are d-contiguous.
+  // (dV with Dv != D: swapped only (BwdTileConfig), M = Dv in more or fewer atoms of the same
+  // tiled MMA)
   using TiledMmadKV = decltype(make_tiled_mma(
       std::conditional_t<
           kMmadKVIsRS,
@@ -146,15 +152,20 @@ struct BwdMainloop {
                                GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim / (kNumMmaWG / kAtomLayoutNdKV)>>());
   using SmemLayoutQ = decltype(tile_to_shape(
       SmemAtomQdO{}, make_shape(Int<kBlockM>{}, Int<kHeadDim>{}, Int<kStagesQ>{})));
+  // dO: Dv wide (the same atom as Q's where Dv == D)
+  using SmemAtomdO = std::conditional_t<
+      kHeadDimV == kHeadDim, SmemAtomQdO,
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+               GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDimV / (kNumMmaWG / kAtomLayoutNdKV)>>())>;
   using SmemLayoutdO = decltype(tile_to_shape(
-      SmemAtomQdO{}, make_shape(Int<kBlockM>{}, Int<kHeadDim>{}, Int<kStagesdO>{})));
+      SmemAtomdO{}, make_shape(Int<kBlockM>{}, Int<kHeadDimV>{}, Int<kStagesdO>{})));
   // K: K-major for S; its transposed view is the B operand of dQ, sliced per warpgroup along d.
   using SmemAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
                              GMMA::Major::K, Element, Int<kBlockN>, Int<kdQCols / (kNumMmaWG / kAtomLayoutMdQ)>>());
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, make_shape(Int<kBlockN>{}, Int<kHeadDim>{})));
   using SmemAtomV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                             GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
-  using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, make_shape(Int<kBlockN>{}, Int<kHeadDim>{})));
+                             GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDimV>>());
+  using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, make_shape(Int<kBlockN>{}, Int<kHeadDimV>{})));
   // P / dS: (q, k), k contiguous (K-major as the A operand of dQ = dS K).
   using SmemAtomPdS = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
                                GMMA::Major::K, Element, Int<kBlockM / kAtomLayoutMSdP>,
@@ -167,8 +178,8 @@ struct BwdMainloop {
       SmemLayoutQ{}, make_layout(make_shape(Int<kHeadDim>{}, Int<kBlockM>{}, Int<kStagesQ>{}),
                                  make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHeadDim>{}))));
   using SmemLayoutdOt = decltype(composition(
-      SmemLayoutdO{}, make_layout(make_shape(Int<kHeadDim>{}, Int<kBlockM>{}, Int<kStagesdO>{}),
-                                  make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHeadDim>{}))));
+      SmemLayoutdO{}, make_layout(make_shape(Int<kHeadDimV>{}, Int<kBlockM>{}, Int<kStagesdO>{}),
+                                  make_stride(Int<kBlockM>{}, _1{}, Int<kBlockM * kHeadDimV>{}))));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_layout(make_shape(Int<kHeadDim>{}, Int<kBlockN>{}),
                                  make_stride(Int<kBlockN>{}, _1{}))));
@@ -249,6 +260,8 @@ struct BwdMainloop {
 
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesdO = kBlockM * kHeadDimV * sizeof(Element);
+  static constexpr uint32_t kTmaBytesV = kBlockN * kHeadDimV * sizeof(Element);
   static constexpr uint32_t kBytesRowStat = kBlockM * sizeof(ElementAccum);
   // Mask bits of one tile (row-major, kBlockN bits per query row), a 1-D bulk copy.
   static constexpr int kMaskBitWords = kBlockM * kBlockN / 32;
@@ -289,13 +302,13 @@ struct BwdMainloop {
       take<0, 2>(SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TMA_dO = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      take<0, 2>(SmemLayoutdO{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+      take<0, 2>(SmemLayoutdO{}), Shape<Int<kBlockM>, Int<kHeadDimV>>{}, _1{}));
   using TMA_K = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TMA_V = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+      SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
   using TMA_dQ = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<ElementAccum*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       SmemLayoutdQ{}, Shape<Int<kBlockM>, Int<kdQCols>>{}, _1{}));
@@ -308,8 +321,8 @@ struct BwdMainloop {
       SmemLayoutRowStatBox{}, Shape<Int<kBlockM>, _1>{}, _1{}));
 
   struct Params {
-    ShapeQKV shape_Q;       // (Sq, D, Hq, B)
-    ShapeQKV shape_K;       // (Sk, D, Hkv, B)
+    ShapeQKV shape_Q;       // (Sq, D, Hq, B); dO's: shape_dO()
+    ShapeQKV shape_K;       // (Sk, D, Hkv, B); V's: shape_V()
     ShapeQKV shape_dQacc;   // (Sq_rounded, D, Hq, B)
     TMA_Q tma_load_Q;
     TMA_dO tma_load_dO;
@@ -343,16 +356,31 @@ struct BwdMainloop {
     bool keys_descending;  // deterministic kKeysDescending: dQ added in descending key order
   };
 
+  // The (S, Dv, H, B) shapes of dO and V: Params' (S, D, H, B) with the value head dim (the
+  // same shapes where Dv == D; kept out of Params, whose layout the kernels of Dv == D keep).
+  CUTE_HOST_DEVICE static ShapeQKV with_value_dim(ShapeQKV const& shape) {
+    if constexpr (kHeadDimV == kHeadDim) {
+      return shape;
+    } else {
+      return make_shape(get<0>(shape), int32_t(kHeadDimV), get<2>(shape), get<3>(shape));
+    }
+  }
+  CUTE_HOST_DEVICE static ShapeQKV shape_dO(Params const& params) { return with_value_dim(params.shape_Q); }
+  CUTE_HOST_DEVICE static ShapeQKV shape_V(Params const& params) { return with_value_dim(params.shape_K); }
+
   static Params to_params(BwdParams const& p) {
-    auto make_in = [](void const* ptr, int s, int h, int b, int64_t rs, int64_t hs, int64_t bs) {
+    auto make_in = [](void const* ptr, int s, int h, int b, int64_t rs, int64_t hs, int64_t bs, auto dim) {
       return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
-                         make_shape(s, int32_t(kHeadDim), h, b), make_stride(rs, _1{}, hs, bs));
+                         make_shape(s, int32_t(decltype(dim)::value), h, b), make_stride(rs, _1{}, hs, bs));
     };
-    auto mQ = make_in(p.q, p.seqlen_q, p.heads_q, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+    auto mQ = make_in(p.q, p.seqlen_q, p.heads_q, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
+                      Int<kHeadDim>{});
     auto mdO = make_in(p.dout, p.seqlen_q, p.heads_q, p.batch, p.dout_row_stride, p.dout_head_stride,
-                       p.dout_batch_stride);
-    auto mK = make_in(p.k, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-    auto mV = make_in(p.v, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+                       p.dout_batch_stride, Int<kHeadDimV>{});
+    auto mK = make_in(p.k, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
+                      Int<kHeadDim>{});
+    auto mV = make_in(p.v, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                      Int<kHeadDimV>{});
     int64_t const acc_head_stride = int64_t(p.seqlen_q_rounded) * kHeadDim;
     TMA_RowStat tma_lse{}, tma_dpsum{};
     if constexpr (kRowStatTma) {
@@ -373,9 +401,9 @@ struct BwdMainloop {
         make_shape(p.seqlen_k, int32_t(kHeadDim), p.heads_kv, p.batch),
         make_shape(p.seqlen_q_rounded, int32_t(kHeadDim), p.heads_q, p.batch),
         make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}),
-        make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(SmemLayoutdO{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(SmemLayoutdO{}), Shape<Int<kBlockM>, Int<kHeadDimV>>{}, _1{}),
         make_tma_copy(SM90_TMA_LOAD{}, mK, SmemLayoutK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}),
-        make_tma_copy(SM90_TMA_LOAD{}, mV, SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, mV, SmemLayoutV{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}),
         make_tma_copy(SM90_TMA_REDUCE_ADD{}, mdQacc, SmemLayoutdQ{}, Shape<Int<kBlockM>, Int<kdQCols>>{}, _1{}),
         tma_lse,
         tma_dpsum,
@@ -522,9 +550,9 @@ struct BwdMainloop {
 
     int const bidh_kv = bidh / params.qhead_per_khead;
     Tensor mK = params.tma_load_K.get_tma_tensor(params.shape_K)(_, _, bidh_kv, bidb);
-    Tensor mV = params.tma_load_V.get_tma_tensor(params.shape_K)(_, _, bidh_kv, bidb);
+    Tensor mV = params.tma_load_V.get_tma_tensor(shape_V(params))(_, _, bidh_kv, bidb);
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));  // (N, D)
-    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));  // (N, D)
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(n_block, _0{}));  // (N, Dv)
 
     auto tma_Q = params.tma_load_Q.get_slice(_0{});
     auto tma_dO = params.tma_load_dO.get_slice(_0{});
@@ -547,7 +575,7 @@ struct BwdMainloop {
       using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
       auto load_kv = [&] {
         if (kv_load > 0) { ss.pipelines.barrier_KV_empty.wait((kv_load - 1) & 1); }
-        ss.pipelines.barrier_KV.arrive_and_expect_tx(2 * kTmaBytesK);
+        ss.pipelines.barrier_KV.arrive_and_expect_tx(kTmaBytesK + kTmaBytesV);
         copy(params.tma_load_K.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tKgK, tKsK);
         copy(params.tma_load_V.with(reinterpret_cast<BarrierT&>(ss.pipelines.barrier_KV), 0), tVgV, tVsV);
       };
@@ -559,9 +587,9 @@ struct BwdMainloop {
       CUTLASS_PRAGMA_NO_UNROLL
       for (int h = bidh; h < bidh + params.heads_per_cta; ++h) {
         Tensor mQ = params.tma_load_Q.get_tma_tensor(params.shape_Q)(_, _, h, bidb);
-        Tensor mdO = params.tma_load_dO.get_tma_tensor(params.shape_Q)(_, _, h, bidb);
+        Tensor mdO = params.tma_load_dO.get_tma_tensor(shape_dO(params))(_, _, h, bidb);
         Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));   // (M, D, m)
-        Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{})); // (M, D, m)
+        Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kHeadDimV>>{}, make_coord(_, _0{})); // (M, Dv, m)
         Tensor tQgQ = group_modes<0, 3>(tma_Q.partition_S(gQ));       // (TMA, m)
         Tensor tdOgdO = group_modes<0, 3>(tma_dO.partition_S(gdO));   // (TMA, m)
         int64_t const row_offset = (int64_t(bidb) * params.num_heads_q + h) * params.seqlen_q_rounded;
@@ -1170,9 +1198,9 @@ struct BwdMainloop {
   }
 
   // Returns false when this n-block sees no query (dK = dV = 0).
-  template <class SharedStorage, class FrgdKV>
+  template <class SharedStorage, class FrgdK, class FrgdV>
   CUTE_DEVICE bool mma(Params const& params, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
-                       PipelineStateQ& read_q, PipelineStatedO& read_do, FrgdKV& tdKrdK, FrgdKV& tdVrdV,
+                       PipelineStateQ& read_q, PipelineStatedO& read_do, FrgdK& tdKrdK, FrgdV& tdVrdV,
                        int thread_idx, int n_block, int bidh, int bidb, int m_lo, int m_hi, SharedStorage& ss,
                        int& kv_loads) {
     // a mask's tile classes; GQA's dk_accum / dv_accum, zeroed by the preprocess, in the
