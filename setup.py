@@ -10,7 +10,8 @@ torch_sm90_sdpa/_build_config.py.
 Environment:
   TORCH_SM90_SDPA_BUILD_CUDA   unset/auto: build _C when nvcc is found; 0: never; 1: must
                                (a missing nvcc is then an error)
-  TORCH_SM90_SDPA_HEAD_DIMS    main-kernel head dims, default "64,96,128,192,256"
+  TORCH_SM90_SDPA_HEAD_DIMS    main-kernel head dims, default "64,96,128,192,192x128,256"
+                               (DxDv: q/k head dim D with v head dim Dv, a pair of TILES_DV)
                                ("none": pre/post kernels only)
   TORCH_SM90_SDPA_DTYPES       main-kernel dtypes, default "fp16,bf16"
   TORCH_SM90_SDPA_NVCC_FLAGS   extra nvcc flags (e.g. "-Xptxas -v")
@@ -188,7 +189,8 @@ def write_build_config(package_dir: str) -> None:
     """torch_sm90_sdpa/_build_config.py in package_dir: what this build makes (see
     csrc/generate_instantiations.py)."""
     text = gen.build_config_source(cuda=CUDA_HOME is not None, reason=NO_CUDA_REASON,
-                                   main_kernel=MAIN_KERNEL, selected=SELECTED, arch=ARCH)
+                                   main_kernel=MAIN_KERNEL, selected=SELECTED, arch=ARCH,
+                                   dv_selected=DV_SELECTED)
     os.makedirs(package_dir, exist_ok=True)
     gen.write_if_changed(os.path.join(package_dir, "_build_config.py"), text)
 
@@ -228,6 +230,7 @@ DTYPES = gen.parse_dtypes(os.environ.get("TORCH_SM90_SDPA_DTYPES"))
 HAVE_TEMPLATE = gen.template_header_exists(os.path.join(ROOT, CSRC))
 MAIN_KERNEL = HAVE_TEMPLATE and bool(HEAD_DIMS) and bool(DTYPES)
 SELECTED = gen.variants(HEAD_DIMS, DTYPES) if MAIN_KERNEL else []
+DV_SELECTED = gen.dv_variants(HEAD_DIMS, DTYPES) if MAIN_KERNEL else []  # (dtype, D, Dv), Dv != D
 CSRC_SOURCES = sorted(os.path.join(CSRC, f) for f in os.listdir(os.path.join(ROOT, CSRC))
                       if f.endswith(".cu"))  # pre/post kernels, mask classification
 REGISTRATION_SOURCES = sorted(os.path.join("registration", f)
@@ -314,7 +317,8 @@ class BuildExt(build_ext):
         sources = [os.path.relpath(p, ROOT) for p in inst_sources]
         sources += CSRC_SOURCES + REGISTRATION_SOURCES
         log(f"CUDA toolkit {CUDA_HOME}: building {PKG}._C for {ARCH}; main-kernel variants: "
-            + (", ".join(f"{dt}/hdim{d}" for dt, d in SELECTED) or "none"))
+            + (", ".join([f"{dt}/hdim{d}" for dt, d in SELECTED]
+                         + [f"{dt}/hdim{d}x{dv}" for dt, d, dv in DV_SELECTED]) or "none"))
         # setuptools would compile in series with its own compiler; we do it ourselves
         for ext in self.extensions:
             ext.sources = sources

@@ -11,18 +11,23 @@ generated from them or checked against them:
                                    (two files: they compile in parallel)
   csrc/instantiations/bwd_main_<dtype>_hdim<D>_full.cu   head dims of TILES_FULL: the dense
                                    kernel with the tile of calls that are not deterministic
+  csrc/instantiations/bwd_main_<dtype>_hdim<D>x<Dv>[_masked].cu   per (D, Dv) pair of TILES_DV
+                                   (v head dim Dv != D): its dense kernel with run_bwd_main,
+                                   its masked kernel
   csrc/instantiations/fwd_main_<dtype>_hdim<D>.cu   per variant of a head dim of FWD_TILES: the
                                    forward kernel (run_fwd_main)
   csrc/instantiations/fwd_tile_configs.h   the DefaultFwdConfig<D> tile specializations
   csrc/instantiations/variants.h   TORCH_SM90_SDPA_FOR_EACH_VARIANT(X), the C++ dispatch list
-                                   (and TORCH_SM90_SDPA_FOR_EACH_FWD_VARIANT(X), the forward's);
-                                   the DefaultBwdConfig<D> tile specializations; a check that
-                                   sm90_sdpa::DType has these codes
+                                   (TORCH_SM90_SDPA_FOR_EACH_DV_VARIANT(X), the pairs', and
+                                   TORCH_SM90_SDPA_FOR_EACH_FWD_VARIANT(X), the forward's); a
+                                   check that sm90_sdpa::DType has these codes
+  csrc/instantiations/tile_configs.h   the DefaultBwdConfig<D> (DefaultBwdConfigDv<D, Dv>) tile
+                                   specializations
   torch_sm90_sdpa/_build_config.py what was built, for Python (written by setup.py)
   docs/KERNEL.md                   its tile table is tile_table_markdown() (a test compares)
 
 Usage (normally through setup.py's build command):
-  python csrc/generate_instantiations.py [--out-dir DIR] [--head-dims 64,128] [--dtypes bf16]
+  python csrc/generate_instantiations.py [--out-dir DIR] [--head-dims 64,128,192x128] [--dtypes bf16]
                                          [--no-main-kernel] [--docs]
 Stand-alone it reads no environment; setup.py passes TORCH_SM90_SDPA_HEAD_DIMS and
 TORCH_SM90_SDPA_DTYPES through parse_head_dims() / parse_dtypes().
@@ -35,7 +40,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Dict, Iterable, List, NamedTuple, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Sequence, Tuple, Union
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT_DIR = os.path.join(HERE, "instantiations")
@@ -71,7 +76,7 @@ class Tile(NamedTuple):
 
 
 # The main kernel's tile per head dim (bf16 and fp16 share it); its keys are the head dims
-# that can be built.
+# (with Dv == D) that can be built.
 TILES: Dict[int, Tile] = {
     64: Tile(block_m=128, block_n=128, mma_wg=2, stages_q=2, stages_do=2, stages_ds=2,
              swap_sdp=True, swap_dkv=False, atom_m_sdp=1, atom_n_dkv=2, atom_m_dq=2, dq_slices=1),
@@ -142,6 +147,20 @@ TILES_FULL: Dict[int, Tile] = {
 # (a full tile keeps the default tile's key block: the split tail's workspace is sized by it,
 # registration/bwd_device.cpp)
 assert all(t.block_n == TILES[d].block_n for d, t in TILES_FULL.items())
+
+# (D, Dv) pairs with a value head dim Dv != D (DeepSeek-style multi-head latent attention: q / k
+# 192, v 128) and their tile (kernel::DefaultBwdConfigDv<D, Dv>; a build token "192x128" in
+# TORCH_SM90_SDPA_HEAD_DIMS). V, dO, dP's k-steps and dV are Dv wide. Only the swapped dK / dV
+# tiles take Dv != D (kernel/bwd_config.h). A pair keeps D's tile extents (block_m, block_n): the
+# device layer lays out the mask classification, the deterministic semaphores and the split tail
+# by tile_block_m / tile_block_n(D). No full tile (TILES_FULL) for pairs.
+TILES_DV: Dict[Tuple[int, int], Tile] = {
+    (192, 128): TILES[192],
+}
+# d192's tile serves (192, 128) unchanged: ptxas (nvcc 13.0) gives it d192's registers and
+# spills with 24 KB less shared memory (V and dO 128 wide).
+assert all(dv != d and t.swap_dkv and dv % 64 == 0 and (t.block_m, t.block_n) ==
+           (TILES[d].block_m, TILES[d].block_n) for (d, dv), t in TILES_DV.items())
 # run_bwd_main's choice for a dense call that is not deterministic: the full tile past this
 # many queries, else the default tile. The one statement of the number: tile_configs_header()
 # writes it into C++ as sm90_sdpa::kFullTileMinQueries.
@@ -156,9 +175,29 @@ def dense_tile(head_dim: int, seqlen_q: int) -> "Tile":
 
 
 DEFAULT_HEAD_DIMS: Tuple[int, ...] = tuple(sorted(TILES))
+DEFAULT_DV_PAIRS: Tuple[Tuple[int, int], ...] = tuple(sorted(TILES_DV))
 DEFAULT_DTYPES: Tuple[str, ...] = tuple(DTYPES)
 
 Variant = Tuple[str, int]  # (dtype short name, head dim)
+DvVariant = Tuple[str, int, int]  # (dtype short name, head dim D, value head dim Dv != D)
+# A head-dim selection (parse_head_dims): head dims D (Dv == D) and (D, Dv) pairs of TILES_DV.
+HeadDimKey = Union[int, Tuple[int, int]]
+
+
+def _key_order(key: HeadDimKey) -> Tuple[int, int, int]:
+    # D, then D's own variant before its pairs
+    return (key, 0, key) if isinstance(key, int) else (key[0], 1, key[1])
+
+
+DEFAULT_SELECTION: Tuple[HeadDimKey, ...] = tuple(
+    sorted(list(DEFAULT_HEAD_DIMS) + list(DEFAULT_DV_PAIRS), key=_key_order))
+
+
+def split_selection(selection: Iterable[HeadDimKey]) -> Tuple[Tuple[int, ...], Tuple[Tuple[int, int], ...]]:
+    """A selection's head dims (Dv == D) and its (D, Dv) pairs, each sorted."""
+    dims = sorted({k for k in selection if isinstance(k, int)})
+    pairs = sorted({tuple(k) for k in selection if not isinstance(k, int)})
+    return tuple(dims), tuple(pairs)
 
 HEADER_NOTE = "// Generated by csrc/generate_instantiations.py at build time. Do not edit.\n"
 
@@ -167,27 +206,45 @@ def _is_none(text: str) -> bool:
     return text.strip().lower() in ("", "none")
 
 
-def parse_head_dims(text: str | None) -> Tuple[int, ...]:
-    """'64,128' -> (64, 128); None -> all of TILES; '' or 'none' -> () (no main kernel)."""
+def _pair_name(pair: Tuple[int, int]) -> str:
+    return f"{pair[0]}x{pair[1]}"
+
+
+def parse_head_dims(text: str | None) -> Tuple[HeadDimKey, ...]:
+    """'64,128' -> (64, 128); '128,192x128' -> (128, (192, 128)) (a pair D x Dv of TILES_DV;
+    'DxD' is D); None -> all of TILES and TILES_DV; '' or 'none' -> () (no main kernel).
+    Sorted by D, a head dim before its pairs."""
     if text is None:
-        return DEFAULT_HEAD_DIMS
+        return DEFAULT_SELECTION
     if _is_none(text):
         return ()
-    dims = []
+    keys: List[HeadDimKey] = []
+    choices = ", ".join([str(d) for d in DEFAULT_HEAD_DIMS] + [_pair_name(p) for p in DEFAULT_DV_PAIRS])
     for part in text.replace(";", ",").split(","):
-        part = part.strip()
+        part = part.strip().lower()
         if not part:
             continue
+        fields = part.split("x")
         try:
-            d = int(part)
+            nums = [int(f) for f in fields]
         except ValueError:
-            raise ValueError(f"head dim {part!r} is not an integer (in {text!r})") from None
-        if d not in TILES:
-            raise ValueError(f"head dim {d} has no tile configuration; choose from "
-                             f"{', '.join(map(str, DEFAULT_HEAD_DIMS))}")
-        if d not in dims:
-            dims.append(d)
-    return tuple(sorted(dims))
+            raise ValueError(f"head dim {part!r} is not an integer or a pair DxDv (in {text!r})") from None
+        if len(nums) == 2 and nums[0] == nums[1]:
+            nums = nums[:1]
+        if len(nums) == 1:
+            key: HeadDimKey = nums[0]
+            if key not in TILES:
+                raise ValueError(f"head dim {key} has no tile configuration; choose from {choices}")
+        elif len(nums) == 2:
+            key = (nums[0], nums[1])
+            if key not in TILES_DV:
+                raise ValueError(f"head dim pair {_pair_name(key)} (q/k x v) has no tile "
+                                 f"configuration; choose from {choices}")
+        else:
+            raise ValueError(f"head dim {part!r} is not an integer or a pair DxDv (in {text!r})")
+        if key not in keys:
+            keys.append(key)
+    return tuple(sorted(keys, key=_key_order))
 
 
 def parse_dtypes(text: str | None) -> Tuple[str, ...]:
@@ -209,9 +266,18 @@ def parse_dtypes(text: str | None) -> Tuple[str, ...]:
     return tuple(n for n in DTYPES if n in out)
 
 
-def variants(head_dims: Iterable[int], dtypes: Iterable[str]) -> List[Variant]:
+def variants(head_dims: Iterable[HeadDimKey], dtypes: Iterable[str]) -> List[Variant]:
+    """The (dtype, D) variants of a selection (its pairs: dv_variants)."""
     dts = list(dtypes)
-    return [(dt, d) for dt in DTYPES if dt in dts for d in sorted(set(head_dims))]
+    dims, _ = split_selection(head_dims)
+    return [(dt, d) for dt in DTYPES if dt in dts for d in dims]
+
+
+def dv_variants(head_dims: Iterable[HeadDimKey], dtypes: Iterable[str]) -> List[DvVariant]:
+    """The (dtype, D, Dv) variants of a selection's pairs (TILES_DV)."""
+    dts = list(dtypes)
+    _, pairs = split_selection(head_dims)
+    return [(dt, d, dv) for dt in DTYPES if dt in dts for d, dv in pairs]
 
 
 KERNEL_KINDS = ("dense", "masked", "full")  # the main kernels of a variant (one file each)
@@ -223,9 +289,11 @@ def kernel_kinds(head_dim: int) -> Tuple[str, ...]:
     return KERNEL_KINDS if head_dim in TILES_FULL else KERNEL_KINDS[:2]
 
 
-def instantiation_filename(dtype: str, head_dim: int, kind: str = "dense") -> str:
+def instantiation_filename(dtype: str, head_dim: int, kind: str = "dense",
+                           head_dim_v: int | None = None) -> str:
     suffix = "" if kind == "dense" else "_" + kind
-    return f"bwd_main_{dtype}_hdim{head_dim}{suffix}.cu"
+    pair = "" if head_dim_v is None or head_dim_v == head_dim else f"x{head_dim_v}"
+    return f"bwd_main_{dtype}_hdim{head_dim}{pair}{suffix}.cu"
 
 
 def template_header_exists(csrc_dir: str = HERE) -> bool:
@@ -280,12 +348,17 @@ def fwd_variants(selected: Sequence[Variant]) -> List[Variant]:
     return [(dt, d) for dt, d in selected if d in FWD_TILES]
 
 
-def instantiation_source(dtype: str, head_dim: int, kind: str = "dense") -> str:
+def instantiation_source(dtype: str, head_dim: int, kind: str = "dense",
+                         head_dim_v: int | None = None) -> str:
     enum = DTYPES[dtype][0]
-    default_cfg = f"kernel::DefaultBwdConfig<{head_dim}>"
+    pair = head_dim_v is not None and head_dim_v != head_dim
+    assert not pair or (kind != "full" and (head_dim, head_dim_v) in TILES_DV)
+    default_cfg = (f"kernel::DefaultBwdConfigDv<{head_dim}, {head_dim_v}>" if pair
+                   else f"kernel::DefaultBwdConfig<{head_dim}>")
     full_cfg = f"kernel::FullBwdConfig<{head_dim}>"
     launch = (f"launch_bwd_main<DType::{enum}, {head_dim}, %s, %s>(const BwdParams&, "
               "cudaStream_t);\n")
+    run_args = f"DType::{enum}, {head_dim}" + (f", {head_dim_v}" if pair else "")
     if kind == "masked":
         body = "template void " + launch % ("true", default_cfg)
     elif kind == "full":
@@ -293,15 +366,16 @@ def instantiation_source(dtype: str, head_dim: int, kind: str = "dense") -> str:
     else:
         body = ("extern template void " + launch % ("true", default_cfg)  # in the _masked file
                 + ("extern template void " + launch % ("false", full_cfg)  # in the _full file
-                   if head_dim in TILES_FULL else "")
+                   if head_dim in TILES_FULL and not pair else "")
                 + "template void " + launch % ("false", default_cfg)
-                + f"template void run_bwd_main<DType::{enum}, {head_dim}>(const BwdParams&, cudaStream_t);\n")
+                + f"template void run_bwd_main<{run_args}>(const BwdParams&, cudaStream_t);\n")
     what = {"masked": "with a mask.\n",
             "full": "without a mask, tile of calls that are not deterministic.\n",
             "dense": "without a mask; run_bwd_main.\n"}[kind]
+    dims = f"head dim {head_dim}" + (f", v head dim {head_dim_v}" if pair else "")
     return (
         HEADER_NOTE
-        + f"// Main SM90 backward kernel, dtype {dtype}, head dim {head_dim}, "
+        + f"// Main SM90 backward kernel, dtype {dtype}, {dims}, "
         + what
         + f'#include "{TEMPLATE_HEADER}"\n\n'
         + "namespace sm90_sdpa {\n"
@@ -314,11 +388,12 @@ def _cpp_bool(b: bool) -> str:
     return "true" if b else "false"
 
 
-def variants_header(selected: Sequence[Variant], main_kernel: bool) -> str:
+def variants_header(selected: Sequence[Variant], main_kernel: bool,
+                    dv_selected: Sequence[DvVariant] = ()) -> str:
     lines = [
         HEADER_NOTE,
         "// The variants compiled into torch_sm90_sdpa._C and the tile configuration of every\n",
-        "// head dim, from csrc/generate_instantiations.py (DTYPES, TILES).\n",
+        "// head dim, from csrc/generate_instantiations.py (DTYPES, TILES, TILES_DV).\n",
         "#pragma once\n\n",
         '#include "bwd_params.h"\n\n',
     ]
@@ -327,7 +402,8 @@ def variants_header(selected: Sequence[Variant], main_kernel: bool) -> str:
                      f"\"DType code of {name}\");\n")
     lines.append("\nnamespace sm90_sdpa {\n"
                  "// The main kernel's tile (kBlockM query rows x kBlockN keys) of a head dim;\n"
-                 "// 0 for a head dim without a tile configuration.\n")
+                 "// 0 for a head dim without a tile configuration. (A (D, Dv) pair of TILES_DV\n"
+                 "// has D's extents.)\n")
     for what, field in (("m", "block_m"), ("n", "block_n")):
         lines.append(f"constexpr int tile_block_{what}(int head_dim) {{\n  switch (head_dim) {{\n")
         for d, t in sorted(TILES.items()):
@@ -342,8 +418,9 @@ def variants_header(selected: Sequence[Variant], main_kernel: bool) -> str:
     lines.append("}  // namespace sm90_sdpa\n")
     lines += [
         "\n",
-        f"#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED {1 if main_kernel and selected else 0}\n",
+        f"#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED {1 if main_kernel and (selected or dv_selected) else 0}\n",
         f"#define TORCH_SM90_SDPA_NUM_VARIANTS {len(selected) if main_kernel else 0}\n",
+        f"#define TORCH_SM90_SDPA_NUM_DV_VARIANTS {len(dv_selected) if main_kernel else 0}\n",
         "// X(dtype enumerator of sm90_sdpa::DType, dtype name, dtype code, head dim)\n",
         "#define TORCH_SM90_SDPA_FOR_EACH_VARIANT(X)",
     ]
@@ -351,6 +428,14 @@ def variants_header(selected: Sequence[Variant], main_kernel: bool) -> str:
         for dt, d in selected:
             enum, code = DTYPES[dt]
             lines.append(f" \\\n  X({enum}, \"{dt}\", {code}, {d})")
+    lines.append("\n")
+    lines.append("// the (D, Dv) pairs (TILES_DV): X(dtype enumerator, dtype name, dtype code, head dim,\n"
+                 "// value head dim)\n"
+                 "#define TORCH_SM90_SDPA_FOR_EACH_DV_VARIANT(X)")
+    if main_kernel:
+        for dt, d, dv in dv_selected:
+            enum, code = DTYPES[dt]
+            lines.append(f" \\\n  X({enum}, \"{dt}\", {code}, {d}, {dv})")
     lines.append("\n")
     lines.append("// the forward kernels: X(dtype enumerator, dtype name, dtype code, head dim)\n"
                  "#define TORCH_SM90_SDPA_FOR_EACH_FWD_VARIANT(X)")
@@ -373,14 +458,18 @@ def tile_configs_header() -> str:
         "//                  D    M    N  WG  Q dO dS  swapSdP swapdKV MSdP NdKV MdQ slices swapdQ "
         "SdPByWG dKVstmatrix\n",
     ]
-    def config(d: int, t: Tile) -> str:
+    def config(d: int, t: Tile, dv: int | None = None) -> str:
         return (f"BwdTileConfig<{d}, {t.block_m}, {t.block_n}, {t.mma_wg}, {t.stages_q}, "
                 f"{t.stages_do}, {t.stages_ds}, {_cpp_bool(t.swap_sdp)}, {_cpp_bool(t.swap_dkv)}, "
                 f"{t.atom_m_sdp}, {t.atom_n_dkv}, {t.atom_m_dq}, {t.dq_slices}, "
-                f"{_cpp_bool(t.swap_dq)}, {_cpp_bool(t.sdp_by_wg)}, {_cpp_bool(t.dkv_stmatrix)}>")
+                f"{_cpp_bool(t.swap_dq)}, {_cpp_bool(t.sdp_by_wg)}, {_cpp_bool(t.dkv_stmatrix)}"
+                + (f", {dv}" if dv is not None else "") + ">")
 
     for d, t in sorted(TILES.items()):
         lines.append(f"template <> struct DefaultBwdConfig<{d}>\n    : {config(d, t)} {{}};\n")
+    lines.append("\n// (D, Dv) pairs, v head dim Dv != D (TILES_DV); the last argument is Dv\n")
+    for (d, dv), t in sorted(TILES_DV.items()):
+        lines.append(f"template <> struct DefaultBwdConfigDv<{d}, {dv}>\n    : {config(d, t, dv)} {{}};\n")
     lines.append("\n// the dense kernel's tile for calls that are not deterministic (TILES_FULL)\n")
     for d, t in sorted(TILES_FULL.items()):
         lines.append(f"template <> struct FullBwdConfig<{d}>\n    : {config(d, t)} {{\n"
@@ -400,6 +489,7 @@ def tile_table_markdown() -> str:
             "|---|---|---|---|---|---|---|"]
     tiles = [(str(d), t) for d, t in sorted(TILES.items())]
     tiles += [(f"{d}, not deterministic", t) for d, t in sorted(TILES_FULL.items())]
+    tiles += [(f"{d} (Dv {dv})", t) for (d, dv), t in sorted(TILES_DV.items())]
     for d, t in tiles:
         sdp = ("S^T = K Q^T (swapped)" if t.swap_sdp else
                "S = Q K^T on warpgroup 0, dP = dO V^T on 1" if t.sdp_by_wg else "S = Q K^T")
@@ -415,42 +505,54 @@ def tile_table_markdown() -> str:
 
 
 def build_config_source(*, cuda: bool, reason: str | None, main_kernel: bool,
-                        selected: Sequence[Variant], arch: str) -> str:
+                        selected: Sequence[Variant], arch: str,
+                        dv_selected: Sequence[DvVariant] = ()) -> str:
     """torch_sm90_sdpa/_build_config.py: what a build produced, and the tables it was made
     from (Python reads them here instead of keeping its own copies)."""
     built = tuple(selected) if cuda and main_kernel else ()
+    dv_built = tuple(dv_selected) if cuda and main_kernel else ()
     return "\n".join([
         "# Generated at build time by csrc/generate_instantiations.py (through setup.py); do not",
         "# edit (git-ignored). The loaded torch_sm90_sdpa._C is the authority at run time.",
         f"CUDA_EXTENSION = {cuda!r}",
         f"REASON = {reason!r}",
-        f"MAIN_KERNEL = {bool(built)!r}",
+        f"MAIN_KERNEL = {bool(built or dv_built)!r}",
         f"VARIANTS = {built!r}  # ((dtype name, head dim), ...) built",
+        f"DV_VARIANTS = {dv_built!r}  # ((dtype name, head dim, v head dim), ...) built, Dv != D",
         f"FWD_VARIANTS = {tuple(fwd_variants(built))!r}  # ... with a forward kernel",
         f"ARCH = {arch!r}",
         f"DTYPE_CODES = {{{', '.join(f'{n!r}: {c}' for n, (_, c) in DTYPES.items())}}}",
         f"HEAD_DIMS = {DEFAULT_HEAD_DIMS!r}  # head dims with a tile configuration",
+        f"DV_PAIRS = {DEFAULT_DV_PAIRS!r}  # (D, Dv) pairs with a tile configuration",
         "",
     ])
 
 
 def generate(
     out_dir: str = DEFAULT_OUT_DIR,
-    head_dims: Iterable[int] = DEFAULT_HEAD_DIMS,
+    head_dims: Iterable[HeadDimKey] = DEFAULT_SELECTION,
     dtypes: Iterable[str] = DEFAULT_DTYPES,
     main_kernel: bool = True,
 ) -> List[str]:
     """Write the instantiation files, variants.h and tile_configs.h into out_dir.
 
+    head_dims: a selection (parse_head_dims): head dims and (D, Dv) pairs of TILES_DV.
     main_kernel=False writes no instantiation and an empty variant list. Returns the paths of
-    the .cu files to compile, in order.
+    the .cu files to compile, in order (per dtype the head dims, then the pairs; then the
+    forward's).
     """
     os.makedirs(out_dir, exist_ok=True)
+    head_dims = tuple(head_dims)
     selected = variants(head_dims, dtypes) if main_kernel else []
+    dv_selected = dv_variants(head_dims, dtypes) if main_kernel else []
     wanted = {}
-    for dt, d in selected:
-        for kind in kernel_kinds(d):
-            wanted[instantiation_filename(dt, d, kind)] = instantiation_source(dt, d, kind)
+    for dt in DTYPES:
+        for d in [d for t, d in selected if t == dt]:
+            for kind in kernel_kinds(d):
+                wanted[instantiation_filename(dt, d, kind)] = instantiation_source(dt, d, kind)
+        for d, dv in [(d, dv) for t, d, dv in dv_selected if t == dt]:
+            for kind in KERNEL_KINDS[:2]:
+                wanted[instantiation_filename(dt, d, kind, dv)] = instantiation_source(dt, d, kind, dv)
     for dt, d in fwd_variants(selected):
         wanted[fwd_instantiation_filename(dt, d)] = fwd_instantiation_source(dt, d)
     for name in sorted(os.listdir(out_dir)):
@@ -461,7 +563,8 @@ def generate(
         path = os.path.join(out_dir, name)
         write_if_changed(path, text)
         paths.append(path)
-    write_if_changed(os.path.join(out_dir, "variants.h"), variants_header(selected, main_kernel))
+    write_if_changed(os.path.join(out_dir, "variants.h"),
+                     variants_header(selected, main_kernel, dv_selected))
     write_if_changed(os.path.join(out_dir, "tile_configs.h"), tile_configs_header())
     write_if_changed(os.path.join(out_dir, "fwd_tile_configs.h"), fwd_tile_configs_header())
     stale = os.path.join(out_dir, "compiled_variants.h")  # the name before variants.h
@@ -473,7 +576,8 @@ def generate(
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", default=DEFAULT_OUT_DIR)
-    ap.add_argument("--head-dims", default=",".join(map(str, DEFAULT_HEAD_DIMS)))
+    ap.add_argument("--head-dims", default=None,
+                    help="as TORCH_SM90_SDPA_HEAD_DIMS, e.g. 128,192x128 (default: all)")
     ap.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES))
     ap.add_argument("--no-main-kernel", action="store_true",
                     help="write no instantiation (pre/post kernels only)")

@@ -73,13 +73,20 @@ def test_has_variant_agrees_with_build_info():
 # ---- the generator ---------------------------------------------------------------------------
 
 def test_parse_env_values():
-    assert gen.parse_head_dims(None) == (64, 96, 128, 192, 256)
+    assert gen.parse_head_dims(None) == (64, 96, 128, 192, (192, 128), 256)
+    # (D, Dv) pairs of TILES_DV: "DxDv" tokens, after D; "DxD" is D
+    assert gen.parse_head_dims("192x128, 128") == (128, (192, 128))
+    assert gen.parse_head_dims("192X128,192,192x192") == (192, (192, 128))
+    assert gen.split_selection((128, (192, 128), 64)) == ((64, 128), ((192, 128),))
+    assert gen.variants((128, (192, 128)), ("bf16",)) == [("bf16", 128)]
+    assert gen.dv_variants((128, (192, 128)), ("fp16", "bf16")) == [("fp16", 192, 128),
+                                                                     ("bf16", 192, 128)]
     assert gen.parse_dtypes(None) == ("fp16", "bf16")
     assert gen.parse_head_dims(" 128, 64,128") == (64, 128)
     assert gen.parse_head_dims("none") == () and gen.parse_head_dims("") == ()
     assert gen.parse_dtypes("bfloat16") == ("bf16",)
     assert gen.parse_dtypes("bf16,fp16") == ("fp16", "bf16")
-    for bad in ("abc", "0", "65", "512"):
+    for bad in ("abc", "0", "65", "512", "192x64", "128x192", "192x128x2", "x128", "192x"):
         with pytest.raises(ValueError):
             gen.parse_head_dims(bad)
     with pytest.raises(ValueError):
@@ -125,12 +132,34 @@ def test_generator_writes_a_file_per_kernel(tmp_path):
         assert f"struct DefaultBwdConfig<{d}>" in tiles
         assert (f"struct FullBwdConfig<{d}>" in tiles) == (d in gen.TILES_FULL)
 
-    # all defaults: 22 backward files, fp16 first, then the forward's
+    # all defaults: 26 backward files, fp16 first (per dtype the head dims, then the pairs),
+    # then the forward's
     paths = gen.generate(str(tmp_path))
     assert [os.path.basename(p) for p in paths] == [
-        f"bwd_main_{dt}_hdim{d}{m}.cu" for dt in ("fp16", "bf16") for d in (64, 96, 128, 192, 256)
-        for m in (("", "_masked", "_full") if d == 128 else ("", "_masked"))] + [
+        name for dt in ("fp16", "bf16") for name in
+        [f"bwd_main_{dt}_hdim{d}{m}.cu" for d in (64, 96, 128, 192, 256)
+         for m in (("", "_masked", "_full") if d == 128 else ("", "_masked"))]
+        + [f"bwd_main_{dt}_hdim192x128{m}.cu" for m in ("", "_masked")]] + [
         f"fwd_main_{dt}_hdim{d}.cu" for dt in ("fp16", "bf16") for d in sorted(gen.FWD_TILES)]
+
+    # a pair alone (no d192): its two files, DefaultBwdConfigDv, no forward kernel
+    paths = gen.generate(str(tmp_path), head_dims=((192, 128),), dtypes=("bf16",))
+    assert [os.path.basename(p) for p in paths] == ["bwd_main_bf16_hdim192x128.cu",
+                                                    "bwd_main_bf16_hdim192x128_masked.cu"]
+    pair_cfg = "kernel::DefaultBwdConfigDv<192, 128>"
+    src = (tmp_path / "bwd_main_bf16_hdim192x128.cu").read_text()
+    assert "template void run_bwd_main<DType::kBFloat16, 192, 128>(const BwdParams&, cudaStream_t);" in src
+    assert f"\ntemplate void launch_bwd_main<DType::kBFloat16, 192, false, {pair_cfg}>(" in src
+    assert f"extern template void launch_bwd_main<DType::kBFloat16, 192, true, {pair_cfg}>(" in src
+    masked = (tmp_path / "bwd_main_bf16_hdim192x128_masked.cu").read_text()
+    assert f"\ntemplate void launch_bwd_main<DType::kBFloat16, 192, true, {pair_cfg}>(" in masked
+    hdr = (tmp_path / "variants.h").read_text()
+    assert "#define TORCH_SM90_SDPA_MAIN_KERNEL_COMPILED 1" in hdr
+    assert "#define TORCH_SM90_SDPA_NUM_VARIANTS 0" in hdr
+    assert "#define TORCH_SM90_SDPA_NUM_DV_VARIANTS 1" in hdr
+    assert 'X(kBFloat16, "bf16", 1, 192, 128)' in hdr.split("FOR_EACH_DV_VARIANT")[1]
+    tiles = (tmp_path / "tile_configs.h").read_text()
+    assert "struct DefaultBwdConfigDv<192, 128>" in tiles and ", 128> {};" in tiles
 
     # a narrower selection removes the files of the variants no longer built
     gen.generate(str(tmp_path), head_dims=(96,), dtypes=("fp16",))
@@ -190,6 +219,11 @@ def test_generated_headers_compile_into_a_dispatch(tmp_path):
         "              sm90_sdpa::kernel::FullBwdConfig<128>::kdQSwapAB &&\n"
         "              !sm90_sdpa::kernel::FullBwdConfig<64>::kHasFullTile &&\n"
         "              sm90_sdpa::kernel::FullBwdConfig<64>::kBlockM == 128, \"full tiles\");\n"
+        "using Pair = sm90_sdpa::kernel::BwdConfigs<192, 128>;\n"
+        "static_assert(Pair::Default::kHeadDim == 192 && Pair::Default::kHeadDimV == 128 &&\n"
+        "              Pair::Default::kBlockN == sm90_sdpa::kernel::DefaultBwdConfig<192>::kBlockN &&\n"
+        "              !Pair::kHasFullTile && sm90_sdpa::kernel::BwdConfigs<128, 128>::kHasFullTile &&\n"
+        "              sm90_sdpa::kernel::DefaultBwdConfig<192>::kHeadDimV == 192, \"pairs\");\n"
         "int dispatch(int dt, int d) {\n"
         "#define CASE(E, N, C, D) if (dt == C && d == D) return run<DType::E, D>();\n"
         "  TORCH_SM90_SDPA_FOR_EACH_VARIANT(CASE)\n  return -1;\n}\n"
