@@ -28,6 +28,10 @@ namespace sm90_sdpa {
   extern template void run_bwd_main<DType::ENUM, HDIM>(const BwdParams&, cudaStream_t);
 TORCH_SM90_SDPA_FOR_EACH_VARIANT(TORCH_SM90_SDPA_EXTERN_VARIANT)
 #undef TORCH_SM90_SDPA_EXTERN_VARIANT
+#define TORCH_SM90_SDPA_EXTERN_DV_VARIANT(ENUM, NAME, CODE, HDIM, HDIM_V) \
+  extern template void run_bwd_main<DType::ENUM, HDIM, HDIM_V>(const BwdParams&, cudaStream_t);
+TORCH_SM90_SDPA_FOR_EACH_DV_VARIANT(TORCH_SM90_SDPA_EXTERN_DV_VARIANT)
+#undef TORCH_SM90_SDPA_EXTERN_DV_VARIANT
 
 namespace device {
 
@@ -66,6 +70,10 @@ std::string compiled_list() {
     s << (first ? "" : ", ") << dtype_name(v.first) << "/" << v.second;
     first = false;
   }
+  for (const auto& v : compiled_dv_variants()) {
+    s << (first ? "" : ", ") << dtype_name(v.dtype) << "/" << v.head_dim << "x" << v.head_dim_v;
+    first = false;
+  }
   s << "]";
   return s.str();
 }
@@ -93,13 +101,20 @@ int64_t round_up(int64_t n, int64_t r) { return (n + r - 1) / r * r; }
 bool dispatch_main(const BwdParams& p, cudaStream_t stream) {
   (void)p;
   (void)stream;
-#define TORCH_SM90_SDPA_CASE(ENUM, NAME, CODE, HDIM)   \
-  if (p.dtype == DType::ENUM && p.head_dim == HDIM) { \
-    run_bwd_main<DType::ENUM, HDIM>(p, stream);       \
-    return true;                                      \
+#define TORCH_SM90_SDPA_CASE(ENUM, NAME, CODE, HDIM)                              \
+  if (p.dtype == DType::ENUM && p.head_dim == HDIM && p.head_dim_v == HDIM) { \
+    run_bwd_main<DType::ENUM, HDIM>(p, stream);                                  \
+    return true;                                                                 \
   }
   TORCH_SM90_SDPA_FOR_EACH_VARIANT(TORCH_SM90_SDPA_CASE)
 #undef TORCH_SM90_SDPA_CASE
+#define TORCH_SM90_SDPA_DV_CASE(ENUM, NAME, CODE, HDIM, HDIM_V)                     \
+  if (p.dtype == DType::ENUM && p.head_dim == HDIM && p.head_dim_v == HDIM_V) { \
+    run_bwd_main<DType::ENUM, HDIM, HDIM_V>(p, stream);                            \
+    return true;                                                                   \
+  }
+  TORCH_SM90_SDPA_FOR_EACH_DV_VARIANT(TORCH_SM90_SDPA_DV_CASE)
+#undef TORCH_SM90_SDPA_DV_CASE
   return false;
 }
 
@@ -204,13 +219,27 @@ std::vector<std::pair<int, int>> compiled_variants() {
   return out;
 }
 
-bool has_variant(int head_dim, int dtype) {
+std::vector<DvVariant> compiled_dv_variants() {
+  std::vector<DvVariant> out;
+#define TORCH_SM90_SDPA_LIST_DV(ENUM, NAME, CODE, HDIM, HDIM_V) out.push_back(DvVariant{CODE, HDIM, HDIM_V});
+  TORCH_SM90_SDPA_FOR_EACH_DV_VARIANT(TORCH_SM90_SDPA_LIST_DV)
+#undef TORCH_SM90_SDPA_LIST_DV
+  return out;
+}
+
+bool has_variant(int head_dim, int dtype, int head_dim_v) {
+  if (head_dim_v < 0) head_dim_v = head_dim;
 #define TORCH_SM90_SDPA_HAS(ENUM, NAME, CODE, HDIM) \
-  if (dtype == CODE && head_dim == HDIM) return true;
+  if (dtype == CODE && head_dim == HDIM && head_dim_v == HDIM) return true;
   TORCH_SM90_SDPA_FOR_EACH_VARIANT(TORCH_SM90_SDPA_HAS)
 #undef TORCH_SM90_SDPA_HAS
+#define TORCH_SM90_SDPA_HAS_DV(ENUM, NAME, CODE, HDIM, HDIM_V) \
+  if (dtype == CODE && head_dim == HDIM && head_dim_v == HDIM_V) return true;
+  TORCH_SM90_SDPA_FOR_EACH_DV_VARIANT(TORCH_SM90_SDPA_HAS_DV)
+#undef TORCH_SM90_SDPA_HAS_DV
   (void)head_dim;
   (void)dtype;
+  (void)head_dim_v;
   return false;
 }
 
@@ -245,13 +274,16 @@ Decision can_implement(const BwdProblem& p) {
   if (elem_bytes(p.dtype) == 0) {
     return unsupported(kReasonDtype, cat("dtype code ", p.dtype, "; served: fp16, bf16"));
   }
-  if (p.head_dim_v != p.head_dim) {
-    return unsupported(kReasonDv, cat("D = ", p.head_dim, ", Dv = ", p.head_dim_v));
+  // Dv != D: the (D, Dv) pairs compiled (TILES_DV), else refused as such
+  if (p.head_dim_v != p.head_dim && !has_variant(p.head_dim, p.dtype, p.head_dim_v)) {
+    return unsupported(kReasonDv, cat("D = ", p.head_dim, ", Dv = ", p.head_dim_v, ": no kernel for the pair ",
+                                      p.head_dim, "x", p.head_dim_v, " ", dtype_name(p.dtype), "; compiled: ",
+                                      compiled_list()));
   }
   if (p.heads_kv == 0 ? p.heads_q != 0 : p.heads_q % p.heads_kv != 0) {
     return unsupported(kReasonHeads, cat("Hq = ", p.heads_q, ", Hkv = ", p.heads_kv));
   }
-  if (!has_variant(p.head_dim, p.dtype)) {
+  if (!has_variant(p.head_dim, p.dtype, p.head_dim_v)) {
     return unsupported(kReasonVariant, cat("no kernel for head dim ", p.head_dim, " ",
                                            dtype_name(p.dtype), "; compiled: ",
                                            compiled_list()));
@@ -406,7 +438,7 @@ WorkspaceLayout workspace_layout(const BwdProblem& p) {
   w.split_tail = o;
   w.split_tiles = split_tail_tiles(p);
   if (w.split_tiles > 0) {
-    w.split_slot_floats = 2 * tile_block_n(p.head_dim) * p.head_dim;
+    w.split_slot_floats = tile_block_n(p.head_dim) * (p.head_dim + p.head_dim_v);  // dK, then dV
     o += round_up(4 * int64_t(w.split_tiles), 16) + 4 * int64_t(w.split_tiles) * w.split_slot_floats;
   }
   w.tile_counter = o;
@@ -676,9 +708,10 @@ void run(const BwdParams& params, cudaStream_t stream) {
   const void* ptrs[] = {p0.q, p0.k, p0.v, p0.out, p0.dout, p0.lse, p0.dpsum, p0.lse_log2,
                         p0.dq_accum, p0.dq, p0.dk, p0.dv};
   for (int i = 0; i < 12; ++i) require_ptr(ptrs[i], names[i], what);
-  if (p0.head_dim_v != p0.head_dim) {
-    fail_value(cat(what, ": the SM90 kernel needs head_dim_v == head_dim (got ", p0.head_dim_v,
-                   " and ", p0.head_dim, ")"));
+  if (p0.head_dim_v != p0.head_dim && !has_variant(p0.head_dim, static_cast<int>(p0.dtype), p0.head_dim_v)) {
+    fail_value(cat(what, ": the SM90 kernel needs head_dim_v == head_dim or a compiled (head_dim, "
+                   "head_dim_v) pair (got ", p0.head_dim_v, " and ", p0.head_dim, "; compiled: ",
+                   compiled_list(), ")"));
   }
   const bool gqa = p0.heads_q != p0.heads_kv;
   const int group = gqa ? p0.heads_q / p0.heads_kv : 1;
@@ -733,8 +766,9 @@ void run(const BwdParams& params, cudaStream_t stream) {
               what);
   }
   const int dt = static_cast<int>(p0.dtype);
-  if (!has_variant(p0.head_dim, dt)) {
+  if (!has_variant(p0.head_dim, dt, p0.head_dim_v)) {
     fail_runtime(cat("backward variant (dtype=", dtype_name(dt), ", head_dim=", p0.head_dim,
+                     p0.head_dim_v != p0.head_dim ? cat(", head_dim_v=", p0.head_dim_v) : std::string(),
                      ") is not compiled into torch_sm90_sdpa._C; compiled variants: ",
                      compiled_list(), " (see TORCH_SM90_SDPA_HEAD_DIMS / TORCH_SM90_SDPA_DTYPES)"));
   }

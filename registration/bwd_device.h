@@ -106,7 +106,7 @@ struct WorkspaceLayout {
   int64_t score_bounds = 0;  // additive masks: q_norm_max, lse_min, k_norm_max (BwdParams)
   int64_t dq_semaphore = 0;
   // split tail: split_count [split_tiles] int32 (padded to 16 bytes), then split_accum
-  // [split_tiles, 2 * block_n * D] fp32 (BwdParams; the preprocess zeroes both)
+  // [split_tiles, block_n * (D + Dv)] fp32 (BwdParams; the preprocess zeroes both)
   int64_t split_tail = 0;
   int split_tiles = 0;
   int split_slot_floats = 0;
@@ -251,10 +251,16 @@ struct DeviceFacts {
 };
 const DeviceFacts& current_device_facts();
 
-// The compiled main-kernel variants.
+// The compiled main-kernel variants: (dtype code, head dim) with Dv == D, and the (D, Dv)
+// pairs with Dv != D (TILES_DV in csrc/generate_instantiations.py).
 bool main_kernel_compiled();
 std::vector<std::pair<int, int>> compiled_variants();  // (dtype code, head dim)
-bool has_variant(int head_dim, int dtype);
+struct DvVariant {
+  int dtype = 0, head_dim = 0, head_dim_v = 0;
+};
+std::vector<DvVariant> compiled_dv_variants();
+// head_dim_v < 0: head_dim (the variant of Dv == D)
+bool has_variant(int head_dim, int dtype, int head_dim_v = -1);
 const char* dtype_name(int dtype);  // "fp16", "bf16" or "unknown"
 
 }  // namespace device

@@ -17,7 +17,8 @@
 //   _C.classify(params, stream)
 //   _C.register_torch_ops(libtorch_cpu, libtorch_cuda, cuda_kernel, probe) -> "" or why not
 //   _C.cuda_kernel_registered(), _C.cuda_calls()
-//   _C.has_variant(head_dim, dtype_code), _C.compiled_variants(), _C.build_info()
+//   _C.has_variant(head_dim, dtype_code[, head_dim_v]), _C.compiled_variants(),
+//   _C.compiled_dv_variants(), _C.build_info()
 //   _C.switches() -> dict, _C.reload_switches()      the experiment switches (device::Switches)
 //   _C.FwdParams() (the forward's fields, fwd_params.h), _C.run_fwd(params, stream),
 //   _C.has_fwd_variant(head_dim, dtype_code), _C.compiled_fwd_variants(),
@@ -105,10 +106,20 @@ py::list variants_list() {
   return out;
 }
 
+// The (D, Dv) pairs with Dv != D: [(dtype name, head dim, v head dim)]
+py::list dv_variants_list() {
+  py::list out;
+  for (const auto& v : dev::compiled_dv_variants()) {
+    out.append(py::make_tuple(dev::dtype_name(v.dtype), v.head_dim, v.head_dim_v));
+  }
+  return out;
+}
+
 py::dict build_info() {
   py::dict d;
   d["main_kernel_compiled"] = dev::main_kernel_compiled();
   d["variants"] = variants_list();
+  d["dv_variants"] = dv_variants_list();
   py::list fwd;  // the forward kernels (sdpa_forward), [(dtype name, head dim)]
   for (const auto& v : dev::compiled_fwd_variants()) { fwd.append(py::make_tuple(v.first, v.second)); }
   d["fwd_variants"] = fwd;
@@ -494,9 +505,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_calls", &sm90_sdpa::torch_op::cuda_calls,
         "Calls of the C++ CUDA kernel of sdpa_backward in this process.");
 
-  m.def("has_variant", &dev::has_variant, py::arg("head_dim"), py::arg("dtype"),
-        "Whether the main kernel for (head_dim, dtype code 0 fp16 / 1 bf16) is compiled.");
-  m.def("compiled_variants", &variants_list, "[(dtype name, head dim), ...] compiled.");
+  m.def("has_variant", &dev::has_variant, py::arg("head_dim"), py::arg("dtype"), py::arg("head_dim_v") = -1,
+        "Whether the main kernel for (head_dim, dtype code 0 fp16 / 1 bf16, head_dim_v: v's head "
+        "dim, default head_dim) is compiled.");
+  m.def("compiled_variants", &variants_list, "[(dtype name, head dim), ...] compiled (Dv == D).");
+  m.def("compiled_dv_variants", &dv_variants_list,
+        "[(dtype name, head dim, v head dim), ...] compiled with Dv != D.");
   m.def("build_info", &build_info, "How this module was built.");
   m.def("switches", &switches_dict,
         "The experiment switches as read from the environment (bwd_device.h, Switches).");

@@ -72,10 +72,17 @@ def _kernels_in_words(info: dict) -> list:
         f"CUTLASS {info['cutlass_version']}" if info.get("cutlass_version") else "") if x)
     lines = [f"SM90 kernels: the extension torch_sm90_sdpa._C is built"
              + (f" ({toolchain})" if toolchain else "") + "."]
+    by_pair: dict = {}
+    for dtype_name, d, dv in info.get("dv_variants") or []:
+        by_pair.setdefault((d, dv), []).append(str(dtype_name))
     if by_dim:
         dims = "; ".join(f"{d} ({', '.join(sorted(n))})" for d, n in sorted(by_dim.items()))
         lines.append(f"  head dims with a kernel: {dims}.")
-    else:
+    if by_pair:
+        pairs = "; ".join(f"{d}x{dv} ({', '.join(sorted(n))})" for (d, dv), n in sorted(by_pair.items()))
+        lines.append(f"  q/k x v head dims (Dv != D) with a backward kernel: {pairs} (speed not "
+                     "measured: the speed gate keeps them on stock).")
+    if not by_dim and not by_pair:
         lines.append("  no head dim has a kernel (the main kernel was not compiled): "
                      "no CUDA call can be routed.")
     return lines
@@ -166,7 +173,8 @@ def run_info(args) -> int:
     print("  fp32 (and fp64): served by the CPU reference only, for CPU calls with "
           "enable(cpu=True); the SM90 kernels take fp16 and bf16.")
     print("Never routed: dropout_p > 0, a mask that needs a gradient or of another dtype than "
-          "bool / fp32 / fp16 / bf16, nested tensors, Dv != D, tensors without a contiguous "
+          "bool / fp32 / fp16 / bf16, nested tensors, Dv != D (but for a built pair such as "
+          "192x128, through enable(only_faster=False)), tensors without a contiguous "
           "last dim, flash with is_causal and Sq != Sk. The default speed gate also keeps on "
           "stock the cuDNN calls where cuDNN measured faster (by GPU model, head dim, causal / "
           "full / mask, key length, and for GQA the group a CTA walks); enable(only_faster=False) "

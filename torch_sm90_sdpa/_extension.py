@@ -6,7 +6,7 @@ The reason is remembered and reported by ``build_info()``.
 
     load() -> module | None
     build_info() -> dict           always the same keys, see _DEFAULT_INFO
-    has_variant(head_dim, dtype: torch.dtype) -> bool
+    has_variant(head_dim, dtype: torch.dtype, head_dim_v=None) -> bool   (Dv default D)
     dtype_code(dtype[, default])   the code of _C's BwdProblem.dtype
     unavailable_reason() -> str | None
     register_cuda_kernel() -> str | None    the C++ CUDA kernel of sdpa_backward (None: done)
@@ -32,7 +32,8 @@ _lock = threading.Lock()
 _attempted = False
 _C: Any = None
 _reason: Optional[str] = None
-_variants: frozenset = frozenset()  # {(head_dim, torch.dtype)}
+_variants: frozenset = frozenset()  # {(head_dim, torch.dtype)}, Dv == D
+_dv_variants: frozenset = frozenset()  # {(head_dim, head_dim_v, torch.dtype)}, Dv != D
 _cuda_kernel_reason: Optional[str] = "not attempted"
 # Which CUDA kernel sdpa_backward has (build_info()["cuda_op"]), as the op layer (ops.py)
 # installed it: "c++", "python" or None.
@@ -45,6 +46,7 @@ _TORCH_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _DEFAULT_INFO = {
     "main_kernel_compiled": False,
     "variants": [],  # [(dtype name "fp16"/"bf16", head dim), ...]
+    "dv_variants": [],  # [(dtype name, head dim, v head dim), ...] with Dv != D
     "fwd_variants": [],  # the same for the forward kernel (sdpa_forward)
     "arch": None,
     "nvcc_version": None,
@@ -100,7 +102,7 @@ def _not_built_reason(exc: BaseException) -> str:
 
 def load():
     """The ``_C`` module, or None when it cannot be imported (see ``unavailable_reason()``)."""
-    global _attempted, _C, _reason, _variants
+    global _attempted, _C, _reason, _variants, _dv_variants
     if _attempted:
         return _C
     with _lock:
@@ -111,10 +113,15 @@ def load():
             variants = frozenset(
                 (int(d), _TORCH_DTYPE[name]) for name, d in mod.compiled_variants()
             )
+            # (a _C built before the pairs has none)
+            list_dv = getattr(mod, "compiled_dv_variants", None)
+            dv_variants = frozenset(
+                (int(d), int(dv), _TORCH_DTYPE[name]) for name, d, dv in (list_dv() if list_dv else ())
+            )
         except Exception as exc:  # ImportError, OSError from dlopen, anything: never raise
-            _C, _reason, _variants = None, _not_built_reason(exc), frozenset()
+            _C, _reason, _variants, _dv_variants = None, _not_built_reason(exc), frozenset(), frozenset()
         else:
-            _C, _reason, _variants = mod, None, variants
+            _C, _reason, _variants, _dv_variants = mod, None, variants, dv_variants
         _attempted = True
     return _C
 
@@ -227,6 +234,7 @@ def build_info() -> dict:
     info = {"cuda_extension": mod is not None, "reason": _reason}
     info.update(_DEFAULT_INFO)
     info["variants"] = []
+    info["dv_variants"] = []
     info["fwd_variants"] = []
     if mod is not None:
         try:
@@ -235,17 +243,21 @@ def build_info() -> dict:
             info["reason"] = f"torch_sm90_sdpa._C.build_info() failed: {exc}"
         else:
             c_info["variants"] = [tuple(v) for v in c_info.get("variants", [])]
+            c_info["dv_variants"] = [tuple(v) for v in c_info.get("dv_variants", [])]
             c_info["fwd_variants"] = [tuple(v) for v in c_info.get("fwd_variants", [])]
             info.update(c_info)
         info["cuda_op"] = _cuda_op
     return info
 
 
-def has_variant(head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether the SM90 main kernel for (head_dim, dtype) is compiled (and _C loaded)."""
+def has_variant(head_dim: int, dtype: torch.dtype, head_dim_v: Optional[int] = None) -> bool:
+    """Whether the SM90 main kernel for (head_dim, dtype) is compiled (and _C loaded);
+    head_dim_v: v's head dim (None: head_dim), a (D, Dv) pair of TILES_DV where it differs."""
     if not _attempted:
         load()
-    return (head_dim, dtype) in _variants
+    if head_dim_v is None or head_dim_v == head_dim:
+        return (head_dim, dtype) in _variants
+    return (head_dim, head_dim_v, dtype) in _dv_variants
 
 
 _NO_DEFAULT = object()
