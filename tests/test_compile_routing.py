@@ -1151,6 +1151,21 @@ class TestSpeedGate(unittest.TestCase):
         return policy.AttentionBackwardCall(backend=backend, grad_out=t, q=t, k=kv, v=kv, out=t,
                                             lse=lse, is_causal=causal)
 
+    def test_dv_pair_kept_on_stock(self):
+        # (192, 128): the backward kernel is built (TILES_DV) but has no measured rows: every
+        # backend's call stays on stock under the gate, whatever the length
+        for backend in ("cudnn", "efficient", "flash"):
+            for s, causal in ((1024, False), (8192, True), (16384, False)):
+                q = policy.TensorSpec((1, 4, s, 192), torch.bfloat16, "cuda:0")
+                v = policy.TensorSpec((1, 4, s, 128), torch.bfloat16, "cuda:0")
+                lse_shape = {"cudnn": (1, 4, s, 1), "efficient": (1, 4, s)}.get(backend, (1, 4, s))
+                lse = policy.TensorSpec(lse_shape, torch.float32, "cuda:0")
+                call = policy.AttentionBackwardCall(backend=backend, grad_out=v, q=q, k=q, v=v, out=v,
+                                                    lse=lse, is_causal=causal)
+                decision = policy.faster_than_stock(call)
+                self.assertEqual(decision.reason, policy.R_SLOWER, (backend, s, causal))
+                self.assertIn("Dv != D", decision.detail)
+
     def test_cudnn_kept_where_it_is_faster(self):
         # (the shipped table: bench_bwd --extra runs of fourteen commits on H200s and an H100, each
         # row's slowest: d128 full under 1.01x of cuDNN at every length (0.97-1.008x on the

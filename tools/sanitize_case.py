@@ -11,7 +11,8 @@ counts), and the forward kernel (sdpa_forward) on twelve calls, two or more per 
 masked ones included (the masked backward cases of head dims with a forward kernel also run it,
 through `sdpa`), each with both forward kernels (TORCH_SM90_SDPA_FWD_OVERLAP 0 and 1). The GQA
 cases run twice: with one q head per CTA and with each CTA walking its group
-(TORCH_SM90_SDPA_GQA_WALK=1, read per call).
+(TORCH_SM90_SDPA_GQA_WALK=1, read per call). The (192, 128) pair (v head dim 128, D as a
+tuple (D, Dv) below): MHA, GQA, a mask, deterministic, persistent and a split tail.
 Cases of head dims that were not built (TORCH_SM90_SDPA_HEAD_DIMS) are skipped and counted; the
 last line says how many ran (none ran: exit status 1, so an A/B build of other head dims cannot
 pass for a checked one)."""
@@ -22,7 +23,7 @@ import torch
 import torch_sm90_sdpa  # noqa: F401
 from torch_sm90_sdpa import _extension
 
-CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal, mask, deterministic)
+CASES = [  # (B, Hq, Hkv, Sq, Sk, D or (D, Dv), causal, mask, deterministic)
     (1, 2, 2, 200, 200, 128, True, None, False),
     (1, 4, 2, 130, 77, 64, False, None, False),
     (1, 4, 2, 150, 150, 256, True, None, False),
@@ -45,6 +46,13 @@ CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal, mask, deterministic)
     (1, 5, 5, 640, 8192, 128, False, None, False),
     (1, 5, 5, 512, 8192, 64, False, None, False),
     (1, 5, 5, 512, 8192, 256, False, None, False),  # 640 tiles: the last 112 split
+    # Dv != D: the 192x128 pair (TILES_DV)
+    (1, 2, 2, 100, 190, (192, 128), False, None, False),
+    (1, 4, 2, 130, 77, (192, 128), True, None, False),
+    (2, 4, 2, 300, 300, (192, 128), False, "padding bool [B,1,S,S]", False),
+    (1, 4, 2, 130, 77, (192, 128), True, None, True),
+    (2, 16, 16, 700, 1100, (192, 128), True, None, False),
+    (1, 5, 5, 640, 8192, (192, 128), False, None, False),  # 640 tiles: the last 112 split
 ]
 # (structural only: the other cases are causal, masked or too small to split)
 os.environ["TORCH_SM90_SDPA_SPLIT_TAIL"] = "1"
@@ -73,20 +81,22 @@ RUNS = [(case, walk) for case in CASES
         for walk in (("0", "1") if case[1] != case[2] and not case[8] else ("0",))]
 ran = skipped = 0
 for (b, hq, hkv, sq, sk, d, causal, kind, deterministic), walk in RUNS:
-    if not _extension.has_variant(d, torch.bfloat16):
+    d, dv = (d, d) if isinstance(d, int) else d
+    if not _extension.has_variant(d, torch.bfloat16, dv):
         skipped += 1
         continue
     ran += 1
     os.environ["TORCH_SM90_SDPA_GQA_WALK"] = walk
     _extension.reload_switches()  # (the device layer reads its switches once)
     q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, hkv, sk, dv, device="cuda", dtype=torch.bfloat16)
     mask = make_mask(kind, b, sq, sk) if kind else None
     out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, d ** -0.5, True, mask)
     grads = torch.ops.torch_sm90_sdpa.sdpa_backward(torch.randn_like(out), q, k, v, out, lse,
                                                     causal, d ** -0.5, deterministic, mask)
     torch.cuda.synchronize()
-    print("case", (b, hq, hkv, sq, sk, d, causal, kind, deterministic), "walk", walk, "finite:",
+    print("case", (b, hq, hkv, sq, sk, d if dv == d else f"{d}x{dv}", causal, kind, deterministic), "walk", walk, "finite:",
           all(g.isfinite().all().item() for g in grads))
 # the forward kernel (sdpa_forward): causal and full, GQA, odd lengths, Sq != Sk, masks
 FWD_CASES = [(1, 4, 2, 130, 77, 64, True, None), (1, 2, 2, 300, 300, 128, False, None),
