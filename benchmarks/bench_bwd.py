@@ -11,11 +11,18 @@ Grid of the FlashAttention papers: bf16, 16k tokens per batch (b = 16384 / s), h
 --extra adds the rows issue 8 also asks for: GQA 32 q / 4 and 32 q / 1 kv heads (and 16 q / 8,
 the compiled GPT's attention), head dims 96
 and 192, fp16 at d128, and odd lengths (1000 and 4097 keys) at d128 (see extra_rows).
+--dv-pairs 192x128 adds rows of a q / k head dim D with a v head dim Dv != D (the pairs of
+TILES_DV, DeepSeek-style multi-head latent attention): bf16, full and causal, the grid's lengths,
+b = 16384 / s, h = 2048 / D; FLOPs 2 * b * h * s^2 * (3 D + 2 Dv), halved when causal (S, dK and
+dQ over D, dP and dV over Dv). Flash has no Dv != D (its column stays empty); the rows carry
+head_dim_v, and the speed gate's table leaves them out (tools/speed_table.py: the gate keeps
+Dv != D on stock).
 Per row: TFLOP/s of every backend, ours over each stock backend and over the best of them; last,
 the geometric means of those ratios.
 
     python benchmarks/bench_bwd.py [--quick] [--dims 64,128,256] [--seqs 512,...] [--reps 10]
                                    [--extra] [--no-gqa] [--fa4] [--dropin] [--batched N]
+                                   [--dv-pairs 192x128]
                                    [--ab-env VAR=VALUE] [--json OUT]
 
 --fa4 adds FlashAttention-4's SM90 backward (the flash-attn-4 package, flash_attn.cute, CuTe
@@ -59,13 +66,15 @@ import torch_sm90_sdpa  # registers the ops; the drop-in of --dropin
 from torch_sm90_sdpa import policy
 
 
-def make(b, hq, hkv, s, d, dtype, seed=0):
+def make(b, hq, hkv, s, d, dtype, seed=0, dv=None):
+    """q, k [.., d], v and dout [.., dv] (default d)."""
+    dv = d if dv is None else dv
     g = torch.Generator(device="cuda").manual_seed(seed)
     # BSHD memory viewed as BHSD, as attention modules produce
     q = torch.randn(b, s, hq, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
     k = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
-    v = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
-    dout = torch.randn(b, s, hq, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+    v = torch.randn(b, s, hkv, dv, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+    dout = torch.randn(b, s, hq, dv, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
     return q, k, v, dout
 
 
@@ -225,9 +234,11 @@ def time_interleaved(fns, reps, warmup=2, calls=1):
 ROWS = []  # every measured row, for --json
 
 
-def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check, backends=None, calls=1):
+def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check, backends=None, calls=1, dv=None):
+    """dv: v's head dim where it is not d (a pair of --dv-pairs)."""
     backends = BACKENDS if backends is None else backends
-    q, k, v, dout = make(b, hq, hkv, s, d, dtype)
+    dv = d if dv is None else dv
+    q, k, v, dout = make(b, hq, hkv, s, d, dtype, dv=dv)
     scale = 1.0 / math.sqrt(d)
     fns, notes = {}, []
     for name, make_fn in backends.items():
@@ -253,7 +264,8 @@ def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check, backends=None, 
             if not rel < 2e-2:
                 notes.append(f"{nm} differs from cudnn: {rel:.2e}")
     ms = time_interleaved(fns, reps, calls=calls)
-    flops = 2.5 * 4 * b * hq * s * s * d / (2 if causal else 1)
+    # five GEMMs of s x s: S, dK, dQ over d; dP, dV over dv (10 b h s^2 d where dv == d)
+    flops = 2 * b * hq * s * s * (3 * d + 2 * dv) / (2 if causal else 1)
     tf = {n: flops / (t * 1e-3) / 1e12 for n, t in ms.items()}
     ratios = ours_over_stock(tf)
     cells = "  ".join(f"{tf[n]:6.0f}" if n in tf else f"{'-':>6}" for n in backends)
@@ -264,7 +276,8 @@ def run_row(label, b, hq, hkv, s, d, causal, dtype, reps, check, backends=None, 
     # row under (tools/speed_table.py)
     walk = policy.gqa_heads_per_cta(q, k, v, dout, dout, is_causal=causal, deterministic=False)
     ROWS.append(dict(head_dim=d, causal=causal, seqlen=s, batch=b, heads=hq, kv_heads=hkv,
-                     masked=False, dtype=DTYPE_NAMES[dtype], heads_per_cta=walk, tflops=tf))
+                     masked=False, dtype=DTYPE_NAMES[dtype], heads_per_cta=walk, tflops=tf,
+                     **({"head_dim_v": dv} if dv != d else {})))
     del q, k, v, dout, fns
     torch.cuda.empty_cache()
     return ratios
@@ -337,6 +350,33 @@ def extra_rows(quick=False, gqa=True):
     return rows
 
 
+def parse_dv_pairs(text):
+    """'192x128' -> [(192, 128)] (pairs with Dv != D); '' -> []."""
+    pairs = []
+    for part in (text or "").replace(";", ",").split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        d, sep, dv = part.partition("x")
+        if not sep or not d.isdigit() or not dv.isdigit() or int(d) == int(dv):
+            raise ValueError(f"expected DxDv with Dv != D, got {part!r}")
+        pairs.append((int(d), int(dv)))
+    return pairs
+
+
+def dv_pair_rows(pairs, seqs):
+    """Rows (label, b, hq, hkv, s, d, causal, dtype, dv) of --dv-pairs: bf16, full and causal,
+    at these lengths, b = 16384 / s, h = 2048 / d (the grid's shapes at D)."""
+    rows = []
+    for d, dv in pairs:
+        for causal in (False, True):
+            for s in seqs:
+                b, h = max(1, 16384 // s), 2048 // d
+                rows.append((f"d={d}x{dv} {'causal' if causal else 'full  '} s={s:<5d} b={b} h={h}",
+                             b, h, h, s, d, causal, torch.bfloat16, dv))
+    return rows
+
+
 def grid_parser(doc):
     """The command line of the grid benchmarks (this one, bench_deterministic.py)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -383,6 +423,9 @@ def main():
     ap.add_argument("--ab-env", metavar="VAR=VALUE",
                     help="also ours with the environment variable VAR=VALUE around each call, as "
                          "a column of its own (ours_env)")
+    ap.add_argument("--dv-pairs", metavar="DxDv,...", default="",
+                    help="also rows of these (q/k, v) head-dim pairs with Dv != D, e.g. 192x128 "
+                         "(bf16, full and causal, the grid's lengths)")
     ap.add_argument("--batched", type=int, default=1, metavar="CALLS",
                     help="a sample is CALLS calls back to back between one pair of events (the "
                          "host running ahead, as in training), not one synchronized call")
@@ -399,12 +442,18 @@ def main():
     if g is None:
         return 1
     reps, rows = g
+    grid_seqs = sorted({s for _, _, _, s, _, _ in rows})
     bf16 = torch.bfloat16
     rows = [(label, b, h, h, s, d, causal, bf16) for label, b, h, s, d, causal in rows]
     if not a.no_gqa:
         rows.append(("GQA d=128 causal s=8192 32q/8kv b=2", 2, 32, 8, 8192, 128, True, bf16))
     if a.extra:
         rows += extra_rows(a.quick, gqa=not a.no_gqa)
+    try:
+        pairs = parse_dv_pairs(a.dv_pairs)
+    except ValueError as exc:
+        ap.error(f"--dv-pairs: {exc}")
+    rows += dv_pair_rows(pairs, grid_seqs)
     backends = dict(BACKENDS)
     if a.fa4:
         try:
@@ -424,8 +473,9 @@ def main():
           + "  (ours over; pub = dropin / cudnn_sdpa, agr = pub / (ours / cudnn))")
     if a.batched > 1:
         print(f"each sample: {a.batched} calls back to back, ms per call")
-    ratios = [run_row(label, b, hq, hkv, s, d, causal, dtype, reps, a.check, backends, a.batched)
-              for label, b, hq, hkv, s, d, causal, dtype in rows]
+    ratios = [run_row(label, b, hq, hkv, s, d, causal, dtype, reps, a.check, backends, a.batched,
+                      dv=rest[0] if rest else None)
+              for label, b, hq, hkv, s, d, causal, dtype, *rest in rows]
     names = {"best": "ours / best stock", "public": "dropin / cudnn_sdpa (public paths)",
              "agree": "public / (ours / cudnn) (paths agree)"}
     for key, (g_mean, n) in geomeans(ratios).items():

@@ -75,6 +75,28 @@ def test_speed_table_takes_only_bf16_rows_of_bench_bwd():
                                                           (4096, round(400 / 380, 4))]
 
 
+def test_dv_pair_rows_and_the_speed_table_leaves_them_out():
+    """bench_bwd --dv-pairs 192x128: rows of the grid's shapes at D with Dv; their JSON rows
+    carry head_dim_v, which the gate's table leaves out (it keeps Dv != D on stock) and
+    BENCHMARKS.md's table prints as DxDv."""
+    assert bench_bwd.parse_dv_pairs("192x128, 256X128") == [(192, 128), (256, 128)]
+    assert bench_bwd.parse_dv_pairs("") == []
+    for bad in ("192", "192x192", "ax128"):
+        with pytest.raises(ValueError):
+            bench_bwd.parse_dv_pairs(bad)
+    rows = bench_bwd.dv_pair_rows([(192, 128)], [2048, 8192])
+    assert len(rows) == 4 and all(r[5] == 192 and r[8] == 128 for r in rows)
+    assert rows[0][1:5] == (8, 10, 10, 2048) and rows[0][0].startswith("d=192x128 full")
+    row = dict(head_dim=192, causal=False, seqlen=2048, batch=8, heads=10, kv_heads=10,
+               masked=False, dtype="bf16", tflops={"ours": 300.0, "cudnn": 400.0})
+    result = {"meta": {"bench": "bench_bwd"}, "rows": [dict(row, head_dim_v=128), row]}
+    got = list(speed_table_tool.rows_of(result, 0))
+    assert [(g["head_dim"], g["speedup"]) for g in got] == [(192, 0.75)]
+    assert benchmarks_md._head_dim(dict(row, head_dim_v=128)) == "192x128"
+    assert benchmarks_md._head_dim(row) == "192"
+    assert benchmarks_md._key(dict(row, head_dim_v=128)) != benchmarks_md._key(row)
+
+
 def test_speed_table_keeps_the_slowest_row_of_a_case(tmp_path):
     row = dict(head_dim=128, causal=True, seqlen=8192, batch=2, heads=32, masked=False,
                dtype="bf16")

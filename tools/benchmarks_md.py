@@ -95,7 +95,13 @@ def select(runs):
 
 def _key(r):
     return (r["head_dim"], r["causal"], r["seqlen"], r["batch"], r["heads"], r["kv_heads"],
-            r.get("dtype", "bf16"))
+            r.get("dtype", "bf16"), r.get("head_dim_v", r["head_dim"]))
+
+
+def _head_dim(r) -> str:
+    """192, or 192x128 for a row of a v head dim Dv != D (bench_bwd --dv-pairs)."""
+    dv = r.get("head_dim_v", r["head_dim"])
+    return f"{r['head_dim']}" + (f"x{dv}" if dv != r["head_dim"] else "")
 
 
 def _ratio(tf, a, b):
@@ -133,7 +139,7 @@ def bwd_table(device, sync_path, b2b_path):
             col.append(x)
         heads = f"{r['heads']}" + (f" / {r['kv_heads']}" if r["kv_heads"] != r["heads"] else "")
         dtype = "" if r.get("dtype", "bf16") == "bf16" else f" {r['dtype']}"
-        lines.append(f"| {r['head_dim']}{dtype} | {'causal' if r['causal'] else 'none'} | "
+        lines.append(f"| {_head_dim(r)}{dtype} | {'causal' if r['causal'] else 'none'} | "
                      f"{r['batch']} x {heads} | {r['seqlen']} | {_fmt(tf.get('ours'), 0)} | "
                      f"{_fmt(tf.get('cudnn'), 0)} | {_fmt(tf.get('flash'), 0)} | "
                      + " | ".join(_fmt(x) for x in ratios) + " |")

@@ -153,6 +153,8 @@ def rows_of(result, source):
         if bench == "bench_bwd":
             if r.get("dtype", "bf16") != "bf16":  # the gate's rows are bf16 (fp16: informational)
                 continue
+            if r.get("head_dim_v", r["head_dim"]) != r["head_dim"]:  # (--dv-pairs: the gate keeps
+                continue                                         # Dv != D on stock, keyed by D)
             tf = r["tflops"]
             for stock in ("cudnn", "flash", "efficient"):
                 if stock in tf and "ours" in tf and tf[stock] > 0:
