@@ -1493,6 +1493,8 @@ class TestCommandLine(unittest.TestCase):
                       out.stdout)
         self.assertIn("step 2/2", out.stderr)
         self.assertIn("OK", out.stdout)
+        # the demo compares backwards: its forward stays stock unless --only-faster
+        self.assertIn("Forward nodes stay on stock", out.stdout)
 
     def test_demo_cpu_bidirectional(self):
         out = self.run_cli("demo", "--device", "cpu", "--steps", "1", "--seq-len", "16",
