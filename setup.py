@@ -10,8 +10,9 @@ torch_sm90_sdpa/_build_config.py.
 Environment:
   TORCH_SM90_SDPA_BUILD_CUDA   unset/auto: build _C when nvcc is found; 0: never; 1: must
                                (a missing nvcc is then an error)
-  TORCH_SM90_SDPA_HEAD_DIMS    main-kernel head dims, default "64,96,128,192,192x128,256"
-                               (DxDv: q/k head dim D with v head dim Dv, a pair of TILES_DV)
+  TORCH_SM90_SDPA_HEAD_DIMS    main-kernel head dims, default "64,96,128,192,256"; add
+                               "192x128" for the backward of q/k head dim 192 with v head
+                               dim 128 (a pair of TILES_DV, built on request only)
                                ("none": pre/post kernels only)
   TORCH_SM90_SDPA_DTYPES       main-kernel dtypes, default "fp16,bf16"
   TORCH_SM90_SDPA_NVCC_FLAGS   extra nvcc flags (e.g. "-Xptxas -v")

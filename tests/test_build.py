@@ -73,7 +73,7 @@ def test_has_variant_agrees_with_build_info():
 # ---- the generator ---------------------------------------------------------------------------
 
 def test_parse_env_values():
-    assert gen.parse_head_dims(None) == (64, 96, 128, 192, (192, 128), 256)
+    assert gen.parse_head_dims(None) == (64, 96, 128, 192, 256)  # pairs only on request
     # (D, Dv) pairs of TILES_DV: "DxDv" tokens, after D; "DxD" is D
     assert gen.parse_head_dims("192x128, 128") == (128, (192, 128))
     assert gen.parse_head_dims("192X128,192,192x192") == (192, (192, 128))
@@ -132,15 +132,22 @@ def test_generator_writes_a_file_per_kernel(tmp_path):
         assert f"struct DefaultBwdConfig<{d}>" in tiles
         assert (f"struct FullBwdConfig<{d}>" in tiles) == (d in gen.TILES_FULL)
 
-    # all defaults: 26 backward files, fp16 first (per dtype the head dims, then the pairs),
-    # then the forward's
+    # all defaults: 22 backward files (no pair), fp16 first, then the forward's
     paths = gen.generate(str(tmp_path))
     assert [os.path.basename(p) for p in paths] == [
         name for dt in ("fp16", "bf16") for name in
         [f"bwd_main_{dt}_hdim{d}{m}.cu" for d in (64, 96, 128, 192, 256)
-         for m in (("", "_masked", "_full") if d == 128 else ("", "_masked"))]
-        + [f"bwd_main_{dt}_hdim192x128{m}.cu" for m in ("", "_masked")]] + [
+         for m in (("", "_masked", "_full") if d == 128 else ("", "_masked"))]] + [
         f"fwd_main_{dt}_hdim{d}.cu" for dt in ("fp16", "bf16") for d in sorted(gen.FWD_TILES)]
+
+    # with the pair requested: per dtype the head dims, then the pair's two files
+    paths = gen.generate(str(tmp_path), head_dims=gen.parse_head_dims("64,192,192x128"),
+                         dtypes=("bf16",))
+    assert [os.path.basename(p) for p in paths] == [
+        "bwd_main_bf16_hdim64.cu", "bwd_main_bf16_hdim64_masked.cu", "bwd_main_bf16_hdim192.cu",
+        "bwd_main_bf16_hdim192_masked.cu", "bwd_main_bf16_hdim192x128.cu",
+        "bwd_main_bf16_hdim192x128_masked.cu", "fwd_main_bf16_hdim64.cu",
+        "fwd_main_bf16_hdim192.cu"]
 
     # a pair alone (no d192): its two files, DefaultBwdConfigDv, no forward kernel
     paths = gen.generate(str(tmp_path), head_dims=((192, 128),), dtypes=("bf16",))

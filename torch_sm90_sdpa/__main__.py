@@ -80,8 +80,9 @@ def _kernels_in_words(info: dict) -> list:
         lines.append(f"  head dims with a kernel: {dims}.")
     if by_pair:
         pairs = "; ".join(f"{d}x{dv} ({', '.join(sorted(n))})" for (d, dv), n in sorted(by_pair.items()))
-        lines.append(f"  q/k x v head dims (Dv != D) with a backward kernel: {pairs} (speed not "
-                     "measured: the speed gate keeps them on stock).")
+        lines.append(f"  q/k x v head dims (Dv != D) with a backward kernel: {pairs} (used by the "
+                     "ops and the drop-in; the compile route's speed gate has no rows for them "
+                     "and keeps them on stock).")
     if not by_dim and not by_pair:
         lines.append("  no head dim has a kernel (the main kernel was not compiled): "
                      "no CUDA call can be routed.")
