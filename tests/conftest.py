@@ -107,10 +107,16 @@ def switch_env():
     env.undo()
 
 
-requires_sm90 = pytest.mark.skipif(
-    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-    reason="needs an SM90 (Hopper) GPU",
-)
+_HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+requires_sm90 = pytest.mark.skipif(not _HAS_SM90, reason="needs an SM90 (Hopper) GPU")
+# pytestmark of GPU tests that call the kernels: skip cleanly without an SM90 GPU, or on one
+# where torch_sm90_sdpa._C was not built
+requires_sm90_kernels = [
+    requires_sm90,
+    pytest.mark.skipif(_HAS_SM90 and _extension.load() is None,
+                       reason="torch_sm90_sdpa._C is not built"),
+    pytest.mark.gpu,
+]
 
 
 # ---- attention masks: [Sq, Sk] patterns, True = attend -------------------------------------

@@ -12,20 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import torch_sm90_sdpa  # noqa: F401  (registers the ops)
-from conftest import load_generator
+from conftest import load_generator, requires_sm90_kernels
+from torch_sm90_sdpa import _extension
 
-try:
-    from torch_sm90_sdpa import _extension
-except Exception:  # pragma: no cover - package without the extension helpers
-    _extension = None
-
-_HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-_HAS_EXT = _HAS_SM90 and _extension is not None and _extension.load() is not None
-pytestmark = [
-    pytest.mark.skipif(not _HAS_SM90, reason="needs an SM90 (Hopper) GPU"),
-    pytest.mark.skipif(_HAS_SM90 and not _HAS_EXT, reason="torch_sm90_sdpa._C is not built"),
-    pytest.mark.gpu,
-]
+pytestmark = requires_sm90_kernels
 
 sdpa_backward = torch.ops.torch_sm90_sdpa.sdpa_backward
 DTYPES = [torch.float16, torch.bfloat16]
@@ -657,7 +647,7 @@ def test_split_tail_against_fp64(case, switch_env):
     switch_env.setenv("TORCH_SM90_SDPA_PERSISTENT", "1")
     switch_env.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "1")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    from conftest import load_generator
+    from conftest import load_generator, requires_sm90_kernels
 
     tile = load_generator().dense_tile(d, sq)  # run_bwd_main's
     groups = hkv if walk == "1" else hq  # (a walking CTA takes a kv head's whole group)

@@ -17,21 +17,11 @@ import torch
 import torch.nn.functional as F
 
 import torch_sm90_sdpa
-from conftest import as_bias, padding, sliding_window
+from conftest import as_bias, padding, requires_sm90_kernels, sliding_window
 from test_cuda_backward import assert_bitwise_repeatable, assert_close_to_reference
+from torch_sm90_sdpa import _extension
 
-try:
-    from torch_sm90_sdpa import _extension
-except Exception:  # pragma: no cover - package without the extension helpers
-    _extension = None
-
-_HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-_HAS_EXT = _HAS_SM90 and _extension is not None and _extension.load() is not None
-pytestmark = [
-    pytest.mark.skipif(not _HAS_SM90, reason="needs an SM90 (Hopper) GPU"),
-    pytest.mark.skipif(_HAS_SM90 and not _HAS_EXT, reason="torch_sm90_sdpa._C is not built"),
-    pytest.mark.gpu,
-]
+pytestmark = requires_sm90_kernels
 
 sdpa_backward = torch.ops.torch_sm90_sdpa.sdpa_backward
 D, DV = 192, 128
