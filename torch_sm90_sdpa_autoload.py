@@ -8,7 +8,8 @@ applies the variable (``torch_sm90_sdpa.routing.apply_env``), so that
 
     TORCH_SM90_SDPA=1 python train.py
 
-routes the attention backward of an unmodified script that never imports the package.
+routes the attention (backward, and masked forwards) of an unmodified script that never
+imports the package.
 Without the variable it does nothing: this module is top-level (not inside the package)
 so that torch loading the entry point does not import torch_sm90_sdpa, and it imports
 nothing but ``os``; ``import torch`` is not slower.

@@ -765,8 +765,9 @@ class TestSwitch(unittest.TestCase):
         routing.apply_env("1")
         self.assertEqual(routing.routing_options(), dict(on, cpu=False, only_faster=True))
         routing.disable()
-        routing.apply_env("all")
-        self.assertEqual(routing.routing_options(), dict(on, cpu=False, only_faster=False))
+        routing.apply_env("all")  # every eligible backward; forward nodes stay (forward=None)
+        self.assertEqual(routing.routing_options(),
+                         dict(on, cpu=False, only_faster=False, forward=False))
         routing.disable()
         # (not assertWarns: it walks every module's __warningregistry__, which imports lazy
         # submodules of an installed transformers)

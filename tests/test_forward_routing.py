@@ -444,6 +444,12 @@ class TestSwitch(CompileTestCase):
         self.assertEqual(routing.routing_options(), dict(on, forward=False))
         routing.apply_env("1")
         self.assertEqual(routing.routing_options(), dict(on, forward=True))
+        # forward=None follows only_faster: past the speed gates, forward nodes stay stock
+        # unless asked for
+        torch_sm90_sdpa.enable(only_faster=False)
+        self.assertEqual(routing.routing_options(), dict(on, only_faster=False, forward=False))
+        torch_sm90_sdpa.enable(only_faster=False, forward=True)
+        self.assertEqual(routing.routing_options(), dict(on, only_faster=False, forward=True))
 
 
 def _generated_cases(n=10, seed=0):
