@@ -3,8 +3,10 @@ stock SDPA's fused forwards, in one process on the same inputs, interleaved, syn
 call, median of the repeats.
 
 Columns per row (bf16, BSHD memory viewed as BHSD, 16k tokens per batch: b = 16384 / s):
-  ours          sdpa_forward, is_causal or full (the kernel that runs each block in turn)
-  ours_overlap  the same with TORCH_SM90_SDPA_FWD_OVERLAP=1 (softmax overlapping P V)
+  ours          sdpa_forward, is_causal or full, with TORCH_SM90_SDPA_FWD_OVERLAP=0 (the kernel
+                that runs each block in turn)
+  ours_overlap  the same with TORCH_SM90_SDPA_FWD_OVERLAP=1 (softmax overlapping P V: the
+                default)
   cudnn         F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION)
   flash         the same under FLASH_ATTENTION (FlashAttention-2)
   cudnn_mask    causal rows only: cuDNN given the causal mask as a bool [B, 1, S, S] tensor
