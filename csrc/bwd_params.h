@@ -60,7 +60,7 @@ struct BwdParams {
   int seqlen_q = 0;    // Sq
   int seqlen_k = 0;    // Sk
   int head_dim = 0;    // D (q, k)
-  int head_dim_v = 0;  // Dv (v, out); the SM90 kernels require Dv == D
+  int head_dim_v = 0;  // Dv (v, out): D, or Dv of a compiled (D, Dv) pair (TILES_DV)
   int seqlen_q_rounded = 0;  // round_up_seq(Sq): row count of the fp32 q-side workspaces
   int seqlen_k_rounded = 0;  // round_up_seq(Sk): row count of the fp32 kv-side workspaces
   DType dtype = DType::kBFloat16;
@@ -153,8 +153,8 @@ struct BwdParams {
   // on persistent CTAs deals its last split_tiles tiles (T mod the SM count) as one equal
   // piece of their m-blocks per SM; 0: no split. split_count [split_tiles] int32 and
   // split_accum [split_tiles, split_slot_floats] fp32 (dK then dV of a tile, by MMA thread and
-  // register), both zeroed by the preprocess. split_slot_floats = 2 * kBlockN * D of the tile
-  // planned for (launch_bwd_main splits only when its kernel's tile and counts match).
+  // register), both zeroed by the preprocess. split_slot_floats = kBlockN * (D + Dv) of the
+  // tile planned for (launch_bwd_main splits only when its kernel's tile and counts match).
   int split_tiles = 0;
   int split_slot_floats = 0;
   int* split_count = nullptr;

@@ -473,8 +473,8 @@ def test_split_tail_plan(switch_env):
 
 @needs_C
 def test_split_tail_workspace_and_params(switch_env):
-    """A split tail adds its int32 counts (padded to 16 bytes) and fp32 sums (2 * block_n * D
-    per split tile: dK then dV) before the tile counter; make_params points at them."""
+    """A split tail adds its int32 counts (padded to 16 bytes) and fp32 sums (block_n * (D +
+    Dv) per split tile: dK then dV) before the tile counter; make_params points at them."""
     for var in ("TORCH_SM90_SDPA_SPLIT_TAIL", "TORCH_SM90_SDPA_PERSISTENT"):
         switch_env.delenv(var, raising=False)
     problem = _split_problem(2, 16, 16, 8192, 8192, 128)

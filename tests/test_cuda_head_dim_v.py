@@ -7,8 +7,9 @@ criterion of test_cuda_backward.py: our error at most twice the stock fused back
 plus a small term, elementwise and in norm. Runs only on an SM90 GPU with the pair compiled
 (TORCH_SM90_SDPA_HEAD_DIMS with 192x128); skips cleanly elsewhere.
 
-test_pair_runs comes first: a tiny call per dtype, so that a GPU session can start with it
-under a short timeout (`-k test_pair_runs`) before the rest.
+test_pair_runs comes first: a tiny call per dtype, worth running alone under a short timeout
+(`-k test_pair_runs`) before the rest: a wrong TMA transaction byte count hangs rather than
+fails.
 """
 import math
 
@@ -258,7 +259,10 @@ def test_drop_in_against_fp64(dtype, is_causal, heads):
     out = torch_sm90_sdpa.scaled_dot_product_attention(qs, ks, vs, is_causal=is_causal,
                                                        enable_gqa=hq != hkv)
     assert out.shape == (2, hq, 513, DV)
+    kernel_calls = _extension.load().cuda_calls()
     dq, dk, dv = torch.autograd.grad(out, (qs, ks, vs), dout)
+    # the backward ran our kernel, not a fallback to stock
+    assert _extension.load().cuda_calls() == kernel_calls + 1
     scale = 1.0 / math.sqrt(D)
     o64, _, rdq, rdk, rdv = reference(q, k, v, dout, is_causal, scale)
     torch.testing.assert_close(out.double(), o64, atol=2e-2, rtol=2e-2)

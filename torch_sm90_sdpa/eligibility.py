@@ -11,8 +11,8 @@ may be misaligned) counts as not met.
 
 What we serve on CUDA is the kernels' contract, stated once in C++
 (``registration/bwd_device.cpp``, ``can_implement``) and asked here through ``_C`` with the
-call's metadata (:func:`kernel_decision`): an SM90 GPU, fp16 / bf16, a compiled head dim,
-Dv == D, Hq a multiple of Hkv, a contiguous last dim; under deterministic algorithms the
+call's metadata (:func:`kernel_decision`): an SM90 GPU, fp16 / bf16, a compiled head dim
+(Dv == D, or a compiled (D, Dv) pair), Hq a multiple of Hkv, a contiguous last dim; under deterministic algorithms the
 kernels' deterministic mode serves the call. Layouts its TMA cannot read (misaligned views,
 broadcast heads, padded rows) are served too: the op copies those operands. The rest is about
 the stock node, not the kernel:

@@ -99,8 +99,9 @@ def routed_lengths_from_table(rows, stock: str, masked: bool, case: Optional[str
 
 
 def in_routed_lengths(seqlen, ranges) -> bool:
-    """Whether the key length (an int, or a symbolic one: its whole range) lies in one of the
-    ranges of routed_lengths_from_table."""
+    """Whether a sequence length (the key length; for the forward also the query length; an
+    int, or a symbolic one: its whole range) lies in one of the ranges of
+    routed_lengths_from_table."""
     return any(_known(seqlen >= first) and (last is None or _known(seqlen <= last))
                for first, last in ranges)
 
