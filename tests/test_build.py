@@ -420,9 +420,10 @@ def test_gqa_group_walk_decision(switch_env):
     assert p.heads_per_cta == 2 and p.dk_accum == p.dv_accum == 0 and ws.dk_accum is None
 
 
-def _split_problem(b, hq, hkv, sq, sk, d, num_sms=132, **kw):
+def _split_problem(b, hq, hkv, sq, sk, d, num_sms=132, head_dim_v=None, **kw):
     return C.BwdProblem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk, head_dim=d,
-                        head_dim_v=d, dtype=1, num_sms=num_sms, **kw)
+                        head_dim_v=d if head_dim_v is None else head_dim_v, dtype=1,
+                        num_sms=num_sms, **kw)
 
 
 @needs_C
@@ -497,6 +498,21 @@ def test_split_tail_workspace_and_params(switch_env):
     assert p.split_accum == base + w.split_tail + counts_bytes
     q = C.make_params(_split_problem(2, 16, 16, 8192, 8192, 128, num_sms=0), C.BwdPointers(workspace=base), 0.1)
     assert q.split_tiles == 0 and q.split_count == q.split_accum == 0
+
+
+@needs_C
+def test_workspace_of_a_dv_pair(switch_env):
+    """Dv != D (the 192x128 pair): the split tail's slot holds dK (D wide) then dV (Dv wide) of
+    a tile, block_n * (D + Dv) floats. The layout is host arithmetic: it holds whether or not
+    the pair's kernel is built."""
+    for var in ("TORCH_SM90_SDPA_SPLIT_TAIL", "TORCH_SM90_SDPA_PERSISTENT", "TORCH_SM90_SDPA_GQA_WALK"):
+        switch_env.delenv(var, raising=False)
+    switch_env.setenv("TORCH_SM90_SDPA_SPLIT_TAIL", "1")  # every structural case splits
+    pair = C.workspace_layout(_split_problem(1, 16, 16, 4096, 4096 + 64, 192, head_dim_v=128))
+    same = C.workspace_layout(_split_problem(1, 16, 16, 4096, 4096 + 64, 192))
+    bn = gen.TILES[192].block_n
+    assert pair.split_tiles == same.split_tiles > 0
+    assert (pair.split_slot_floats, same.split_slot_floats) == (bn * (192 + 128), bn * 2 * 192)
 
 
 @needs_C
