@@ -213,17 +213,19 @@ def test_benchmarks_md_shows_each_gpus_newest_pair_and_every_masks_file():
 
 def test_result_files_are_named_by_gpu_commit_and_mode():
     """benchmarks/results/ holds the runs list and the files it names, named by benchmark, GPU,
-    commit and mode (sync / b2b) or head dim, and the forward and transformers-step results
-    (BENCHMARKS.md's other tables), named by benchmark, GPU and commit."""
+    commit and mode (sync / b2b) or head dim, and the Dv != D backward, forward and
+    transformers-step results (BENCHMARKS.md's other tables), named by benchmark, GPU and
+    commit."""
     listed = speed_table_tool.read_runs_file()
     here = sorted(os.listdir(os.path.join(ROOT, "benchmarks", "results")))
-    others = [n for n in here if n.startswith(("bench_fwd_", "bench_transformers_"))]
+    others = [n for n in here if n.startswith(("bench_fwd_", "bench_transformers_", "bench_bwd_dv_"))]
     assert sorted(set(here) - set(others)) == sorted(
         [os.path.basename(p) for p in listed if "/bench_fwd_" not in p] + ["speed_table_runs.txt"])
     for name in others:
         meta = benchmarks_md._load(f"benchmarks/results/{name}")["meta"]
         gpu = "h200" if "H200" in meta["device"] else "h100"
-        bench = "bench_fwd" if name.startswith("bench_fwd_") else "bench_transformers"
+        bench = next(b for b in ("bench_fwd", "bench_transformers", "bench_bwd_dv")
+                     if name.startswith(b + "_"))
         assert name.startswith(f"{bench}_{gpu}_{meta['commit']}"), name
     for path in [p for p in listed if "/bench_fwd_" not in p]:  # (named with the others above)
         meta = benchmarks_md._load(path)["meta"]

@@ -4,8 +4,9 @@ The result files are those of benchmarks/results/speed_table_runs.txt, the list
 tools/speed_table.py builds the speed gate's table from (oldest first per GPU). The tables:
 per GPU, the newest bench_bwd pair (the last synchronized and the last back-to-back file the
 list names), one row per measured case; then every bench_masks file. Then, from
-benchmarks/results/ directly (the speed gate does not read them): every bench_fwd_*.json (the
-forward kernel) and every bench_transformers_*.json (compiled transformers training steps).
+benchmarks/results/ directly (the speed gate does not read them): every bench_bwd_dv_*.json
+(backward rows of a v head dim Dv != D), every bench_fwd_*.json (the forward kernel) and every
+bench_transformers_*.json (compiled transformers training steps).
 Each table names its GPU, commit and command (and date where the file has one). tests/test_benchmarks.py checks that BENCHMARKS.md is what this
 prints, so regenerate it after changing the list:
 
@@ -117,11 +118,11 @@ def _geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def bwd_table(device, sync_path, b2b_path):
+def bwd_table(device, sync_path, b2b_path, title="## Unmasked backward"):
     sync = _load(sync_path)
     meta = sync["meta"]
     b2b = {_key(r): r for r in _load(b2b_path)["rows"]} if b2b_path else {}
-    lines = [f"## Unmasked backward, {device}", "",
+    lines = [f"{title}, {device}", "",
              f"Commit {meta['commit']}, {meta['date']}, torch {meta.get('torch', '?')}:", "",
              f"- `{command(meta, sync_path)}`"]
     if b2b_path:
@@ -247,6 +248,16 @@ def render(runs=None) -> str:
                   "gate routes masked calls by them.", ""]
         for path in masks:
             lines += masks_table(path) + [""]
+    dv = _results("bench_bwd_dv_")
+    if dv:
+        lines += ["## Backward with a v head dim Dv != D", "",
+                  "`benchmarks/bench_bwd.py --dv-pairs`: rows of a (D, Dv) pair (q / k head dim "
+                  "D, v head dim Dv; built on request: `TORCH_SM90_SDPA_HEAD_DIMS` with "
+                  "`192x128`) next to rows of the same run's other head dims, synchronized; "
+                  "the speed gate has no Dv != D rows and keeps such calls on stock.", ""]
+        for path in dv:
+            lines += bwd_table(gpu(_load(path)["meta"]), path, None,
+                               title="### Dv != D") + [""]
     fwd = _results("bench_fwd_")
     if fwd:
         lines += ["## Forward", "",
