@@ -7,7 +7,9 @@
 # here):
 #   build     the offline wheels, then torch_sm90_sdpa._C in place with every core
 #             (MAX_JOBS=$(nproc) unless set; TORCH_SM90_SDPA_HEAD_DIMS / _DTYPES / _NVCC_FLAGS
-#             honored), its SASS summary, and the build gzipped into OUTDIR/prebuilt/
+#             honored), its SASS summary, and the build gzipped into OUTDIR/prebuilt/; the
+#             default build has no Dv != D pair: TORCH_SM90_SDPA_HEAD_DIMS=...,192x128 adds the
+#             one tests/test_cuda_head_dim_v.py runs (it skips without it)
 #   test      the GPU suite: pytest (-n 8 with pytest-xdist when installed) on `tests`, or on
 #             TESTS (e.g. TESTS="tests/test_cuda_deterministic.py -k gqa"); PYTEST_TIMEOUT_S
 #             bounds it; transformers comes from .whl/transformers/ when missing
