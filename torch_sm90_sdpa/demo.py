@@ -184,12 +184,11 @@ def run(args) -> int:
     opt = torch.optim.AdamW(routed_model.parameters(), lr=args.lr)
     try:
         # By default only_faster=False: the demo compares our backward with stock on its shapes
-        # even where stock is faster (enable() alone would keep stock there), and keeps the
-        # stock forward (its calls are unmasked, where cuDNN's forward is faster than ours).
-        # --only-faster routes as the default enable() does (the speed gates decide, forward
-        # nodes included).
-        with routing.enable(cpu=cpu_route, only_faster=args.only_faster,
-                            forward=args.only_faster):
+        # even where stock is faster (enable() alone would keep stock there); forward nodes then
+        # stay stock (enable's forward follows only_faster; the demo's calls are unmasked, where
+        # cuDNN's forward is faster than ours). --only-faster routes as the default enable()
+        # does (the speed gates decide, forward nodes included).
+        with routing.enable(cpu=cpu_route, only_faster=args.only_faster):
             t0 = time.perf_counter()
             loss = _step(compiled, tokens, None, autocast_dtype, device)  # compiles fwd + bwd
             if device == "cuda":
