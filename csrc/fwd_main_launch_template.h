@@ -89,7 +89,9 @@ void launch_fwd_main(const FwdParams& params, cudaStream_t stream) {
 template <DType kDType, int kHeadDim>
 void run_fwd_main(const FwdParams& params, cudaStream_t stream) {
   const bool masked = params.mask_kind != MaskKind::kNone;
-  if (params.overlap) {
+  // the overlap kernel reads no mask elements (FwdKernel::kReadsMaskElements): a float mask,
+  // whose partial tiles may need them, runs the in-turn kernel
+  if (params.overlap && (!masked || params.mask_kind == MaskKind::kBool)) {
     if (masked) {
       launch_fwd_main<kDType, kHeadDim, true, true>(params, stream);
     } else {

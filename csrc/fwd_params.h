@@ -23,7 +23,8 @@ struct FwdParams {
   float scale_log2 = 0.f;  // softmax scale * log2(e)
   bool is_causal = false;  // SDPA top-left alignment: key j visible to query i iff j <= i
   // the kernel whose softmax overlaps the previous key block's P V inside each warpgroup
-  // (FwdKernel's kOverlap); set unless TORCH_SM90_SDPA_FWD_OVERLAP=0 (_cuda_backend.py)
+  // (FwdKernel's kOverlap); set unless TORCH_SM90_SDPA_FWD_OVERLAP=0 (_cuda_backend.py).
+  // Unmasked and boolean-mask calls only: a float mask runs the in-turn kernel regardless.
   bool overlap = false;
 
   // ---- inputs: [B, H, S, D] views, element strides, last dim contiguous ----

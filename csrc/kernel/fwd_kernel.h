@@ -16,7 +16,9 @@
 // warpgroups walk the same sequence of key blocks whose tile is not empty (next_block), blocks
 // of full tiles run unmasked, blocks of partial tiles read the classification's visibility bits
 // or, for other biases, the mask itself. A key block smaller than kFwdTile is a slice of one
-// tile and takes that tile's class and its share of the bits.
+// tile and takes that tile's class and its share of the bits. Only the in-turn kernel reads a
+// mask's elements (kReadsMaskElements); the overlap kernel takes boolean masks, whose partial
+// tiles are all bits (run_fwd_main picks).
 #pragma once
 
 #include <cfloat>
@@ -68,6 +70,9 @@ struct FwdKernel {
   using Element = Element_;
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kMasked = kMasked_;
+  // The element path holds the mask's pointer and strides across the loop; in the overlap
+  // kernel, where the previous block's P is live too, that made d256 spill in its hot loop.
+  static constexpr bool kReadsMaskElements = kMasked && !kOverlap;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
@@ -318,7 +323,6 @@ struct FwdKernel {
     // kMasked, a partial tile: S scaled into the log2 domain with the mask added (-inf where
     // hidden, the causal cut and the key tail included).
     auto mask_scores = [&](auto& S, int n, unsigned char cls) __attribute__((always_inline)) {
-      int const n0 = n * kBlockN;
       if (cls == kTilePartialBits) {
         // the tile as bits, row-major: bit k % 32 of word k / 32 of a row (mask_classify.cu);
         // this key block's keys start at word (n % kBlocksPerTile) * kBlockRowWords of a row
@@ -342,30 +346,33 @@ struct FwdKernel {
         }
         return;
       }
-      // the mask's [B, Hq] offset (stride 0 on broadcast dims)
-      int64_t const mask_offset = int64_t(bidb) * params.mask_batch_stride + int64_t(bidh) * params.mask_head_stride;
-      // bias(offset): the element's additive term in the log2 domain, -inf where masked. A
-      // finite bias stays finite (the product may overflow fp32, e.g. the dtype's min): a row
-      // whose every key carries it gets uniform weights, as in stock SDPA.
-      auto apply = [&](auto bias) __attribute__((always_inline)) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          int const row = m0 + get<0>(cS(r, 0));
+      if constexpr (kReadsMaskElements) {
+        int const n0 = n * kBlockN;
+        // the mask's [B, Hq] offset (stride 0 on broadcast dims)
+        int64_t const mask_offset = int64_t(bidb) * params.mask_batch_stride + int64_t(bidh) * params.mask_head_stride;
+        // bias(offset): the element's additive term in the log2 domain, -inf where masked. A
+        // finite bias stays finite (the product may overflow fp32, e.g. the dtype's min): a row
+        // whose every key carries it gets uniform weights, as in stock SDPA.
+        auto apply = [&](auto bias) __attribute__((always_inline)) {
           CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < size<1>(S); ++c) {
-            int const col = n0 + get<1>(cS(r, c));
-            float add = -INFINITY;
-            if (row < params.seqlen_q && col < seqlen_k && !(is_causal && col > row)) {
-              add = bias(mask_offset + int64_t(row) * params.mask_row_stride + int64_t(col) * params.mask_col_stride);
+          for (int r = 0; r < kRows; ++r) {
+            int const row = m0 + get<0>(cS(r, 0));
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < size<1>(S); ++c) {
+              int const col = n0 + get<1>(cS(r, c));
+              float add = -INFINITY;
+              if (row < params.seqlen_q && col < seqlen_k && !(is_causal && col > row)) {
+                add = bias(mask_offset + int64_t(row) * params.mask_row_stride + int64_t(col) * params.mask_col_stride);
+              }
+              S(r, c) = S(r, c) * scale_log2 + add;
             }
-            S(r, c) = S(r, c) * scale_log2 + add;
           }
-        }
-      };
-      auto finite_log2 = [](float b) __attribute__((always_inline)) {
-        return b == -INFINITY ? b : fmaxf(b * kLog2e, -FLT_MAX);
-      };
-      with_mask_elements</*kHasNone=*/false>(params.mask_kind, params.mask, finite_log2, apply);
+        };
+        auto finite_log2 = [](float b) __attribute__((always_inline)) {
+          return b == -INFINITY ? b : fmaxf(b * kLog2e, -FLT_MAX);
+        };
+        with_mask_elements</*kHasNone=*/false>(params.mask_kind, params.mask, finite_log2, apply);
+      }
     };
 
     // The online softmax of key block n: S (the wgmma accumulator) scaled, masked where the key
