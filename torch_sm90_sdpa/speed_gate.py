@@ -290,8 +290,8 @@ def gate_fingerprint(model: Optional[str]) -> tuple:
 # bias and cuDNN applies it densely), each row for a mask that hides nothing (measured with an
 # all-True mask, or bounded from the full and causal rows where a file predates that column),
 # since the gate cannot see how much a mask hides. The other
-# forwards stay on stock: unmasked, ours measured 0.61-0.93x of cuDNN / FA2 (H100, commits
-# 2eb58ab and 50b2d61, BENCHMARKS.md "Forward"); with an additive mask of finite fill every
+# forwards stay on stock: unmasked, ours measured 0.61-0.92x of cuDNN / FA2 (H100, commits
+# 2eb58ab, 50b2d61 and 4369a41, BENCHMARKS.md "Forward"); with an additive mask of finite fill every
 # tile is partial (0.31-0.48x of cuDNN's masked forward at d64 / d96 / d128, 0.86-1.13x at
 # d192 / d256); the memory-efficient forward was not measured.
 FORWARD_MEASURED_DEVICES = tuple(sorted({r["device"] for r in speed_table.FORWARD_ROWS}))
