@@ -40,10 +40,11 @@ _kernel_verdict_of._dynamo_marked_constant = True
 
 def _cuda_unservable_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     """Why the SM90 kernel cannot take this CUDA call, or None if it can."""
-    if any(t.dtype != q.dtype for t in (k, v)):
+    if k.dtype != q.dtype or v.dtype != q.dtype:
         return "query/key/value dtypes differ"
-    return _kernel_verdict_of(q.dtype, q.size(-1), v.size(-1), q.size(1), k.size(1), q.device,
-                              torch.are_deterministic_algorithms_enabled())
+    q_shape = q.shape
+    return _kernel_verdict_of(q.dtype, q_shape[-1], v.shape[-1], q_shape[1], k.shape[1],
+                              q.device, torch.are_deterministic_algorithms_enabled())
 
 
 def _mask_unservable_reason(attn_mask, is_causal) -> str | None:
@@ -58,35 +59,45 @@ def _mask_unservable_reason(attn_mask, is_causal) -> str | None:
     return None
 
 
+# (The checks below run on every eager call: each reads a tensor's shape once, as a tuple,
+# rather than through size() calls, and tests in plain boolean chains.)
 def _stock_takes_differently(query, key, value, attn_mask, scale) -> str | None:
     """Inputs the op would refuse (or read otherwise) where stock SDPA has its own answer: they
     go to stock, which gives its result or its error whatever the grad mode, so a call is
-    accepted or refused alike with and without torch.no_grad()."""
-    if query.dtype not in SUPPORTED_DTYPES or key.dtype != query.dtype or \
-            value.dtype != query.dtype:
+    accepted or refused alike with and without torch.no_grad(). q / k / v: 4-D tensors."""
+    dtype = query.dtype
+    if dtype not in SUPPORTED_DTYPES or key.dtype != dtype or value.dtype != dtype:
         return "query/key/value dtypes the op does not take"
-    if key.device != query.device or value.device != query.device:
+    device = query.device
+    if key.device != device or value.device != device:
         return "query/key/value on different devices"
-    b, hq, _, d = query.shape
-    if key.size(0) != b or value.size(0) != b or key.size(3) != d or \
-            value.size(1) != key.size(1) or value.size(2) != key.size(2):
+    b, hq, sq, d = query.shape
+    kb, hkv, sk, kd = key.shape
+    vb, vh, vs, _ = value.shape
+    if kb != b or vb != b or kd != d or vh != hkv or vs != sk:
         return "key/value shapes that are not [B, Hkv, Sk, D] of query's B and D"
-    if key.size(1) != 0 and hq % key.size(1) != 0:
+    if hkv != 0 and hq % hkv != 0:
         return "key heads that do not divide query's heads"
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         return "a scale that is not a finite number"
     if attn_mask is not None:
         # stock's rule (validate_sdpa_input): bool, float32 or query's dtype
-        if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
+        if attn_mask.dtype not in (torch.bool, torch.float32, dtype):
             return "attn_mask dtype is not bool, float32 or query's dtype"
-        if attn_mask.device != query.device:
+        if attn_mask.device != device:
             return "attn_mask on another device"
-        target = (b, hq, query.size(2), key.size(2))
+        target = (b, hq, sq, sk)
         shape = attn_mask.shape
         if len(shape) > 4 or any(s not in (1, t) for s, t in zip(reversed(shape),
                                                                   reversed(target))):
             return "attn_mask not broadcastable to [B, Hq, Sq, Sk]"
     return None
+
+
+def _is_4d_tensors(query, key, value) -> bool:
+    T = torch.Tensor
+    return (isinstance(query, T) and isinstance(key, T) and isinstance(value, T)
+            and query.dim() == 4 and key.dim() == 4 and value.dim() == 4)
 
 
 def _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:
@@ -95,11 +106,13 @@ def _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa) -> boo
     for any head dim, after stock's forward has had its say on the arguments (it runs there).
     Stock SDPA of torch 2.11 fails in its backward on such calls ("'NoneType' object is not
     iterable" at batch 0, or a division by zero that ends the process)."""
-    return (all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (query, key, value))
-            and query.device.type == "cuda" and query.dtype in KERNEL_DTYPES
-            and dropout_p == 0.0 and any(t.numel() == 0 for t in (query, key, value))
-            and value.size(-1) == query.size(-1)
-            and (enable_gqa or query.size(1) == key.size(1))
+    if not _is_4d_tensors(query, key, value) or query.device.type != "cuda" or \
+            query.dtype not in KERNEL_DTYPES or dropout_p != 0.0:
+        return False
+    q_shape, k_shape, v_shape = query.shape, key.shape, value.shape
+    return ((0 in q_shape or 0 in k_shape or 0 in v_shape)
+            and v_shape[3] == q_shape[3]
+            and (enable_gqa or q_shape[1] == k_shape[1])
             and (attn_mask is None or (isinstance(attn_mask, torch.Tensor)
                                        and attn_mask.dtype in MASK_DTYPES
                                        and not attn_mask.requires_grad)))
@@ -107,9 +120,8 @@ def _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa) -> boo
 
 def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
                        is_causal=False, scale=None) -> str | None:
-    tensors = all(isinstance(t, torch.Tensor) for t in (query, key, value))
-    if tensors and all(t.dim() == 4 for t in (query, key, value)) and key.size(1) == 0 and \
-            query.device.type in ("cpu", "cuda"):
+    four_d = _is_4d_tensors(query, key, value)
+    if four_d and key.shape[1] == 0 and query.device.type in ("cpu", "cuda"):
         # No key head: every query sees no key (out 0, zero gradients). Served in every grad
         # mode, with any mask, is_causal or dropout: stock SDPA before torch 2.13 ends the
         # process here with a division by zero; the op gives what 2.13 gives.
@@ -117,32 +129,41 @@ def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
                                       attn_mask.dtype not in MASK_DTYPES):
             return "attn_mask of a dtype the kernels do not read"
         return _stock_takes_differently(query, key, value, attn_mask, scale)
-    if _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa):
+    if four_d and _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa):
         return _stock_takes_differently(query, key, value, attn_mask, scale)
     why = _mask_unservable_reason(attn_mask, is_causal)
     if why is not None:
         return why
     if dropout_p != 0.0:
         return "dropout_p > 0"
-    if not tensors:
-        return "query/key/value are not all tensors"
-    if not all(t.dim() == 4 for t in (query, key, value)):
+    if not four_d:
+        T = torch.Tensor
+        if not (isinstance(query, T) and isinstance(key, T) and isinstance(value, T)):
+            return "query/key/value are not all tensors"
         return "query/key/value are not all 4-D"
     why = _stock_takes_differently(query, key, value, attn_mask, scale)
     if why is not None:
         return why
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))):
+    if not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or
+                                         value.requires_grad)):
         return "no gradient is needed"
-    if query.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(query.device.type):
+    device_type = query.device.type
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
         # Stock SDPA casts mixed inputs under autocast; keep exactly its behaviour.
         return "autocast is enabled"
-    if query.size(1) != key.size(1) and key.size(1) != 0 and not enable_gqa:
+    heads_kv = key.shape[1]
+    if query.shape[1] != heads_kv and heads_kv != 0 and not enable_gqa:
         return "head counts differ and enable_gqa is False"
-    if query.device.type == "cuda":
+    if device_type == "cuda":
         return _cuda_unservable_reason(query, key, value)
-    if query.device.type != "cpu":
-        return f"device type {query.device.type} is not served"
+    if device_type != "cpu":
+        return f"device type {device_type} is not served"
     return None
+
+
+def _last_dim_dense(t: torch.Tensor) -> torch.Tensor:
+    """t, or a copy when its last dim (of more than one element) has a stride other than 1."""
+    return t.contiguous() if t.shape[-1] > 1 and t.stride(-1) != 1 else t
 
 
 def scaled_dot_product_attention(
@@ -171,30 +192,26 @@ def scaled_dot_product_attention(
     """
     reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal,
                                 scale)
-    if reason is None:
-        if key.size(1) != 0 and _empty_cuda_call(query, key, value, attn_mask, dropout_p,
-                                                 enable_gqa):
-            # stock's refusals of the arguments (nothing to compute; with no key head stock
-            # of torch 2.11 divides by zero even in its forward)
-            with torch.no_grad():
-                F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                               is_causal=is_causal, scale=scale,
-                                               enable_gqa=enable_gqa)
-        # A call we serve: the op checks it (bad input is reported naming the argument);
-        # calls we do not serve go to stock SDPA untouched, which reports its own errors.
-        query, key, value = (
-            t.contiguous() if t.size(-1) > 1 and t.stride(-1) != 1 else t
-            for t in (query, key, value)
-        )
-    else:
-        if not torch.compiler.is_compiling():  # (Dynamo breaks the graph at a logging call)
+    compiling = torch.compiler.is_compiling()
+    if reason is not None:
+        if not compiling:  # (Dynamo breaks the graph at a logging call)
             log.debug("scaled_dot_product_attention: stock path (%s)", reason)
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
             is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
         )
+    if key.shape[1] != 0 and _empty_cuda_call(query, key, value, attn_mask, dropout_p,
+                                              enable_gqa):
+        # stock's refusals of the arguments (nothing to compute; with no key head stock
+        # of torch 2.11 divides by zero even in its forward)
+        with torch.no_grad():
+            F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                           is_causal=is_causal, scale=scale,
+                                           enable_gqa=enable_gqa)
+    # A call we serve: the op checks it (bad input is reported naming the argument);
+    # calls we do not serve went to stock SDPA untouched, which reports its own errors.
+    query, key, value = _last_dim_dense(query), _last_dim_dense(key), _last_dim_dense(value)
     resolved_scale = resolve_scale(scale, query)
-    compiling = torch.compiler.is_compiling()
     if not compiling:
         log.debug("scaled_dot_product_attention: torch_sm90_sdpa backward")
     if compiling or type(query) is not torch.Tensor:
