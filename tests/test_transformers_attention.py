@@ -167,14 +167,19 @@ def test_forward_matches_transformers_sdpa(transformers, monkeypatch, groups, ma
     module = _Attention(groups)
     calls = []
 
-    def drop_in(query, key, value, **kwargs):
-        calls.append((key.size(1), kwargs["enable_gqa"], kwargs["is_causal"],
-                      api._unservable_reason(query, key, value, kwargs["attn_mask"],
-                                             kwargs["dropout_p"], kwargs["enable_gqa"],
-                                             kwargs["is_causal"], kwargs["scale"])))
-        return torch_sm90_sdpa.scaled_dot_product_attention(query, key, value, **kwargs)
+    run_decided = api._run_decided
 
-    monkeypatch.setattr(api, "scaled_dot_product_attention", drop_in)
+    def drop_in(reason, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        # every drop-in call ends here, decided by the drop-in or (grouped heads) by the
+        # interface, which must have come to the drop-in's own answer
+        unserved = api._unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
+                                          is_causal, scale)
+        assert reason == unserved
+        calls.append((key.size(1), enable_gqa, is_causal, unserved))
+        return run_decided(reason, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                           enable_gqa)
+
+    monkeypatch.setattr(api, "_run_decided", drop_in)
     out, weights = sm90_attention.sdpa_attention_forward(module, q, k, v, attn_mask,
                                                          scaling=0.3)
     ref, _ = stock_fwd(module, q, k, v, attn_mask, scaling=0.3)

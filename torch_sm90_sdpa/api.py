@@ -192,6 +192,14 @@ def scaled_dot_product_attention(
     """
     reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal,
                                 scale)
+    return _run_decided(reason, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                        enable_gqa)
+
+
+def _run_decided(reason, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                 enable_gqa) -> torch.Tensor:
+    """The drop-in's call once ``_unservable_reason`` gave `reason` for exactly these arguments
+    (the transformers interface has asked it already for grouped heads)."""
     compiling = torch.compiler.is_compiling()
     if reason is not None:
         if not compiling:  # (Dynamo breaks the graph at a logging call)

@@ -142,10 +142,11 @@ def sdpa_attention_forward(
     groups = _grouped_heads(module)
     gqa = False
     folded = False
+    served = False  # the drop-in's decision for the final arguments is made: ours
     if groups > 1:
         if api._unservable_reason(query, key, value, attention_mask, dropout, True, causal,
                                   scaling) is None:
-            gqa = True  # our op takes grouped heads (with or without a mask) as they are
+            gqa = served = True  # our op takes grouped heads (with or without a mask) as they are
         elif _stock_uses_gqa(attention_mask, key, value):
             gqa = True
         elif q_len == 1 and not torch.compiler.is_compiling():
@@ -155,10 +156,14 @@ def sdpa_attention_forward(
         else:
             key, value = _repeat_heads(key, groups), _repeat_heads(value, groups)
 
-    out = api.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=causal,
-        scale=scaling, enable_gqa=gqa,
-    )
+    if served:  # (not decided a second time: the checks cost host time on every call)
+        out = api._run_decided(None, query, key, value, attention_mask, dropout, causal, scaling,
+                               gqa)
+    else:
+        out = api.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=causal,
+            scale=scaling, enable_gqa=gqa,
+        )
     if folded:  # back to [B, Hq, 1, Dv]
         out = out.reshape(out.shape[0], -1, q_len, value.shape[-1])
     return out.transpose(1, 2).contiguous(), None
