@@ -13,9 +13,14 @@ Columns per row (bf16, BSHD memory viewed as BHSD, 16k tokens per batch: b = 163
                 (what compiled transformers models hand SDPA)
   ours_mask, ours_mask_overlap   causal rows only: sdpa_forward given that bool mask, both
                 kernels (the classification skips the hidden tiles)
-  ours_bias     causal rows only: sdpa_forward given the mask as a bf16 / fp16 bias of 0 and the
-                dtype's minimum (transformers' additive form): the classification proves no
-                finite tile hidden, so every tile above the diagonal is computed
+  ours_bias, ours_bias_overlap   causal rows only: sdpa_forward given the mask as a bias of
+                0 and the dtype's minimum (transformers' additive form), both kernels; for bf16
+                the fill counts as hidden (the kernel clamps it to -FLT_MAX), for fp16 (-65504)
+                it does not and every tile above the diagonal is computed from the elements
+  stock_bias    causal rows only: F.scaled_dot_product_attention given that bias, stock's own
+                choice of kernel (what a user who passes it has)
+  ours_alibi, stock_alibi   full rows only: a dense finite bias [B, 1, S, S] (ALiBi's
+                -|i - j| / 16): no tile hidden or bias-free, every tile read from the elements
   cudnn_mask_dense, ours_mask_dense   full rows only: cuDNN and sdpa_forward given a bool
                 [B, 1, S, S] mask that hides nothing (all True): what a mask costs ours when it
                 hides no tile (the forward speed gate's worst case, tools/speed_table.py)
@@ -69,6 +74,11 @@ def columns(q, k, v, causal):
                                                       enable_gqa=gqa)
         return run
 
+    def stock_default(mask):
+        def run():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return run
+
     cols = {"ours": ours_kernel("0"), "ours_overlap": ours_kernel("1"),
             "cudnn": stock(SDPBackend.CUDNN_ATTENTION),
             "flash": stock(SDPBackend.FLASH_ATTENTION)}
@@ -76,6 +86,11 @@ def columns(q, k, v, causal):
         dense = torch.ones(q.size(0), 1, q.size(2), k.size(2), dtype=torch.bool, device="cuda")
         cols["cudnn_mask_dense"] = stock(SDPBackend.CUDNN_ATTENTION, dense)
         cols["ours_mask_dense"] = ours_kernel("0", dense)
+        pos = torch.arange(q.size(2), device="cuda", dtype=torch.float32)
+        alibi = (-(pos[:, None] - pos[None, :]).abs() / 16).to(q.dtype)[None, None]
+        alibi = alibi.expand(q.size(0), 1, q.size(2), k.size(2))
+        cols["ours_alibi"] = ours_kernel("1", alibi)
+        cols["stock_alibi"] = stock_default(alibi)
     if causal:
         s = q.size(2)
         keep = torch.ones(s, s, dtype=torch.bool, device="cuda").tril()[None, None]
@@ -86,6 +101,8 @@ def columns(q, k, v, causal):
         bias = torch.zeros(keep.shape, dtype=q.dtype, device="cuda").masked_fill(
             ~keep, torch.finfo(q.dtype).min)
         cols["ours_bias"] = ours_kernel("0", bias)
+        cols["ours_bias_overlap"] = ours_kernel("1", bias)
+        cols["stock_bias"] = stock_default(bias)
     usable = {}
     for name, fn in cols.items():  # a backend that refuses the row is left out
         try:
@@ -131,12 +148,22 @@ def main():
                     mask_best = max(tflops["ours_mask"], tflops.get("ours_mask_overlap", 0.0))
                     row["mask_over_causal"] = mask_best / max(tflops["ours"], tflops["ours_overlap"])
                     row["mask_over_cudnn_mask"] = mask_best / tflops["cudnn_mask"]
+                if "ours_bias_overlap" in tflops:
+                    bias_best = max(tflops["ours_bias"], tflops["ours_bias_overlap"])
+                    row["bias_over_causal"] = bias_best / max(tflops["ours"], tflops["ours_overlap"])
+                    if "stock_bias" in tflops:
+                        row["bias_over_stock_bias"] = bias_best / tflops["stock_bias"]
+                if "ours_alibi" in tflops and "stock_alibi" in tflops:
+                    row["alibi_over_stock_alibi"] = tflops["ours_alibi"] / tflops["stock_alibi"]
                 rows.append(row)
                 print(f"d{d} {hq}/{hkv} b{b} s{s} {'causal' if causal else 'full  '}: "
                       + "  ".join(f"{n} {t:6.1f}" for n, t in tflops.items())
                       + f"  ours/best {row['ours_over_best']:.3f}"
                       + (f"  mask/causal {row['mask_over_causal']:.3f} mask/cudnn_mask "
-                         f"{row['mask_over_cudnn_mask']:.2f}" if "mask_over_causal" in row else ""),
+                         f"{row['mask_over_cudnn_mask']:.2f}" if "mask_over_causal" in row else "")
+                      + "".join(f"  {key} {row[key]:.3f}" for key in
+                                ("bias_over_causal", "bias_over_stock_bias",
+                                 "alibi_over_stock_alibi") if key in row),
                       flush=True)
     if rows:
         geo = statistics.geometric_mean(r["ours_over_best"] for r in rows)

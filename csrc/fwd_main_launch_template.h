@@ -1,7 +1,8 @@
 // Definition of run_fwd_main<DType, D> (declared in fwd_main_launch.h) and of its launcher
 // launch_fwd_main<DType, D, kOverlap, kMasked> (FwdParams::overlap and mask_kind pick): with a
 // mask, runs the mask classification on the forward's tiles first; then builds the TMA
-// descriptors and launches the SM90 forward kernel, one CTA per (query block, q head, batch).
+// descriptors and launches the SM90 forward kernel, one CTA per (query block, q head, batch)
+// (with a float mask and overlap, two kernels share the query blocks).
 // Included by the generated csrc/instantiations/fwd_main_<dtype>_hdim<D>.cu.
 #pragma once
 
@@ -19,11 +20,19 @@
 
 namespace sm90_sdpa {
 
+// The classification's output for the forward kernels: tile classes and bits, and (float
+// masks) which query blocks need the mask's elements.
+struct FwdMaskTiles {
+  unsigned char const* tile_class = nullptr;
+  uint32_t const* tile_bits = nullptr;
+  unsigned char const* block_elements = nullptr;  // null: a boolean mask (no element tiles)
+};
+
 // The classification of p's mask on the forward's kFwdTile x kFwdTile tiles, into
-// p.mask_workspace (laid out as fwd_mask_workspace_bytes counts it): the tile classes and the
-// bits of the kTilePartialBits tiles. No score bounds: only -inf (false) hides an entry.
-inline void classify_fwd_mask(const FwdParams& p, unsigned char*& tile_class, uint32_t*& tile_bits,
-                              cudaStream_t stream) {
+// p.mask_workspace (fwd_mask_workspace_layout): the tile classes, the bits of the
+// kTilePartialBits tiles and, for a float mask, its fill rows (FwdFillRows). No score bounds:
+// -inf (false) and the clamped fill alone hide an entry.
+inline FwdMaskTiles classify_fwd_mask(const FwdParams& p, cudaStream_t stream) {
   BwdParams c;
   c.batch = p.batch;
   c.heads_q = p.heads_q;
@@ -48,24 +57,25 @@ inline void classify_fwd_mask(const FwdParams& p, unsigned char*& tile_class, ui
   c.num_m_blocks = (p.seqlen_q + kFwdTile - 1) / kFwdTile;
   c.num_n_blocks = (p.seqlen_k + kFwdTile - 1) / kFwdTile;
   c.num_sms = p.num_sms;
-  const int64_t inst = int64_t(p.mask_batch) * p.mask_heads;
-  const int64_t tiles = inst * c.num_m_blocks * c.num_n_blocks;
+  const FwdMaskWorkspace w = fwd_mask_workspace_layout(p.mask_batch, p.mask_heads, p.seqlen_q, p.seqlen_k);
   char* base = static_cast<char*>(p.mask_workspace);
-  c.tile_class = reinterpret_cast<unsigned char*>(base);
-  c.tile_m_range = reinterpret_cast<int*>(base + (tiles + 15) / 16 * 16);
-  c.tile_bits = reinterpret_cast<uint32_t*>(base + (tiles + 15) / 16 * 16 + (8 * inst * c.num_n_blocks + 15) / 16 * 16);
-  run_mask_classify(c, stream);
-  tile_class = c.tile_class;
-  tile_bits = c.tile_bits;
+  c.tile_class = reinterpret_cast<unsigned char*>(base + w.tile_class);
+  c.tile_m_range = reinterpret_cast<int*>(base + w.tile_m_range);
+  c.tile_bits = reinterpret_cast<uint32_t*>(base + w.tile_bits);
+  const bool float_mask = p.mask_kind != MaskKind::kBool;
+  FwdFillRows fill{reinterpret_cast<uint32_t*>(base + w.row_flags),
+                   reinterpret_cast<unsigned char*>(base + w.block_elements)};
+  run_mask_classify(c, stream, float_mask ? &fill : nullptr);
+  return FwdMaskTiles{c.tile_class, c.tile_bits, float_mask ? fill.block_elements : nullptr};
 }
 
+// One launch of FwdKernel<..., kOverlap, kMasked>. tiles (kMasked): the classification's output;
+// with tiles.block_elements set, the kernel runs only the query blocks whose need of the
+// mask's elements matches its own (FwdKernel::kReadsMaskElements).
 template <DType kDType, int kHeadDim, bool kOverlap, bool kMasked>
-void launch_fwd_main(const FwdParams& params, cudaStream_t stream) {
+void launch_fwd_main(const FwdParams& params, const FwdMaskTiles& tiles, cudaStream_t stream) {
   using Element = typename detail::ElementOf<kDType>::type;
   using Kernel = kernel::FwdKernel<kernel::DefaultFwdConfig<kHeadDim>, Element, kOverlap, kMasked>;
-  unsigned char* tile_class = nullptr;
-  uint32_t* tile_bits = nullptr;
-  if constexpr (kMasked) { classify_fwd_mask(params, tile_class, tile_bits, stream); }
   FwdParams p = params;
   p.q_batch_stride = detail::tma_stride(p.q_batch_stride, p.batch);
   p.q_head_stride = detail::tma_stride(p.q_head_stride, p.heads_q);
@@ -76,7 +86,7 @@ void launch_fwd_main(const FwdParams& params, cudaStream_t stream) {
   p.v_batch_stride = detail::tma_stride(p.v_batch_stride, p.batch);
   p.v_head_stride = detail::tma_stride(p.v_head_stride, p.heads_kv);
   p.v_row_stride = detail::tma_stride(p.v_row_stride, p.seqlen_k);
-  typename Kernel::Params kparams = Kernel::to_params(p, tile_class, tile_bits);
+  typename Kernel::Params kparams = Kernel::to_params(p, tiles.tile_class, tiles.tile_bits, tiles.block_elements);
 
   auto kernel_fn = kernel::fwd_main_kernel<Kernel>;
   int const smem_size = Kernel::kSharedStorageSize;
@@ -88,19 +98,26 @@ void launch_fwd_main(const FwdParams& params, cudaStream_t stream) {
 
 template <DType kDType, int kHeadDim>
 void run_fwd_main(const FwdParams& params, cudaStream_t stream) {
-  const bool masked = params.mask_kind != MaskKind::kNone;
-  // the overlap kernel reads no mask elements (FwdKernel::kReadsMaskElements): a float mask,
-  // whose partial tiles may need them, runs the in-turn kernel
-  if (params.overlap && (!masked || params.mask_kind == MaskKind::kBool)) {
-    if (masked) {
-      launch_fwd_main<kDType, kHeadDim, true, true>(params, stream);
+  if (params.mask_kind == MaskKind::kNone) {
+    if (params.overlap) {
+      launch_fwd_main<kDType, kHeadDim, true, false>(params, FwdMaskTiles{}, stream);
     } else {
-      launch_fwd_main<kDType, kHeadDim, true, false>(params, stream);
+      launch_fwd_main<kDType, kHeadDim, false, false>(params, FwdMaskTiles{}, stream);
     }
-  } else if (masked) {
-    launch_fwd_main<kDType, kHeadDim, false, true>(params, stream);
-  } else {
-    launch_fwd_main<kDType, kHeadDim, false, false>(params, stream);
+    return;
+  }
+  FwdMaskTiles tiles = classify_fwd_mask(params, stream);
+  if (!params.overlap) {  // the in-turn kernel runs every query block
+    tiles.block_elements = nullptr;
+    launch_fwd_main<kDType, kHeadDim, false, true>(params, tiles, stream);
+    return;
+  }
+  // The overlap kernel reads no mask elements (FwdKernel::kReadsMaskElements): a float mask's
+  // query blocks with an element tile (block_elements) run in the in-turn kernel, launched
+  // after it over the same grid; each kernel's other blocks return at once.
+  launch_fwd_main<kDType, kHeadDim, true, true>(params, tiles, stream);
+  if (tiles.block_elements != nullptr) {
+    launch_fwd_main<kDType, kHeadDim, false, true>(params, tiles, stream);
   }
 }
 

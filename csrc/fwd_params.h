@@ -46,8 +46,10 @@ struct FwdParams {
   // ---- optional mask, as a [B, Hq, Sq, Sk] view (stride 0 on broadcast dims); combined with
   //      is_causal. The mask classification (mask_classify.h) runs first on the forward's
   //      kFwdTile x kFwdTile tiles: the kernel skips empty tiles, runs full ones unmasked and
-  //      applies the mask on the partial ones only. Only -inf biases (and false) count as
-  //      hidden: the score bounds that let the backward skip finite fills need the lse. ----
+  //      applies the mask on the partial ones only. Hidden are -inf (false) and, for a float
+  //      mask, the finite fill whose term the kernel clamps to -FLT_MAX (below about -2.36e38:
+  //      the dtype's minimum of bf16 and fp32, as transformers builds its masks); a query block
+  //      with a row that sees that fill only is computed from the mask's elements whole. ----
   MaskKind mask_kind = MaskKind::kNone;
   const void* mask = nullptr;
   int64_t mask_batch_stride = 0, mask_head_stride = 0, mask_row_stride = 0, mask_col_stride = 0;
@@ -64,13 +66,35 @@ struct FwdParams {
 // key block takes the class and the bits of the tile it lies in (FwdKernel::block_class).
 constexpr int kFwdTile = 128;
 
-// Bytes of FwdParams::mask_workspace for a mask of mask_batch x mask_heads instances.
-inline int64_t fwd_mask_workspace_bytes(int mask_batch, int mask_heads, int seqlen_q, int seqlen_k) {
+// FwdParams::mask_workspace, as byte offsets (16-byte aligned pieces) for a mask of
+// mask_batch x mask_heads instances (inst), m_blocks x n_blocks tiles each:
+//   tile_class      [inst, n_blocks, m_blocks] bytes (mask_classify.h)
+//   tile_m_range    [inst, n_blocks] int2 (written by the classification, unused by the forward)
+//   block_elements  [inst, m_blocks] bytes: 1 where a query block has a tile that needs the
+//                   mask's elements (kTilePartial)
+//   row_flags       [inst, Sq] words: bit 0 the row sees a key, bit 1 it has a fill entry
+//   tile_bits       kFwdTile * kFwdTile / 8 bytes per tile, in tile_class order
+struct FwdMaskWorkspace {
+  int64_t tile_class, tile_m_range, block_elements, row_flags, tile_bits, bytes;
+};
+inline FwdMaskWorkspace fwd_mask_workspace_layout(int mask_batch, int mask_heads, int seqlen_q, int seqlen_k) {
   auto round16 = [](int64_t x) { return (x + 15) / 16 * 16; };
   const int64_t inst = int64_t(mask_batch) * mask_heads;
   const int64_t m_blocks = (seqlen_q + kFwdTile - 1) / kFwdTile, n_blocks = (seqlen_k + kFwdTile - 1) / kFwdTile;
   const int64_t tiles = inst * m_blocks * n_blocks;
-  return round16(tiles) + round16(8 * inst * n_blocks) + tiles * (kFwdTile * kFwdTile / 8);
+  FwdMaskWorkspace w{};
+  w.tile_class = 0;
+  w.tile_m_range = w.tile_class + round16(tiles);
+  w.block_elements = w.tile_m_range + round16(8 * inst * n_blocks);
+  w.row_flags = w.block_elements + round16(inst * m_blocks);
+  w.tile_bits = w.row_flags + round16(4 * inst * int64_t(seqlen_q));
+  w.bytes = w.tile_bits + tiles * (kFwdTile * kFwdTile / 8);
+  return w;
+}
+
+// Bytes of FwdParams::mask_workspace for a mask of mask_batch x mask_heads instances.
+inline int64_t fwd_mask_workspace_bytes(int mask_batch, int mask_heads, int seqlen_q, int seqlen_k) {
+  return fwd_mask_workspace_layout(mask_batch, mask_heads, seqlen_q, seqlen_k).bytes;
 }
 
 }  // namespace sm90_sdpa

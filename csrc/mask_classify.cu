@@ -40,6 +40,10 @@ struct ClassifyArgs {
   float* q_norm_max;     // [mask_batch, mask_heads, num_m_blocks], then lse_min, k_norm_max
   float scale_log2_abs;
   int warps_per_tile;  // classify kernel: 1, 2, 4 or 8 warps share a tile (few tiles: more)
+  // the forward's (FwdFillRows): a float mask's finite entries clamped to -FLT_MAX are hidden;
+  // each row's bit 0 (sees a key) and bit 1 (has such a fill entry) are or-ed into row_flags
+  // ([mask_batch, mask_heads, seqlen_q]); null: the backward's classification
+  uint32_t* row_flags;
 };
 
 template <MaskKind kKind>
@@ -137,12 +141,17 @@ constexpr int kMaxChunks = 2048;
 // passes' loads in flight per lane (4 chunks: 32 bytes of bool,
 // 64 of fp16 / bf16; 2 fp32 chunks: 64 bytes); each chunk's visibility byte goes to shared
 // memory, and the warp copies the bytes out if the tile is kTilePartialBits.
-template <MaskKind kKind>
+// kFill: the forward's classification of a float mask (FwdFillRows: a.row_flags set, no bounds).
+template <MaskKind kKind, bool kFill = false>
 __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(const ClassifyArgs a) {
   using T = typename MaskElem<kKind>::type;
   constexpr int kInFlight = sizeof(T) == 1 ? 4 : 64 / int(kChunk * sizeof(T));
   __shared__ __align__(16) unsigned char s_bits[kClassifyWarps][kMaxChunks];  // per tile slot
   __shared__ unsigned char s_votes[kClassifyWarps][3];  // per warp: any visible, all full, binary
+  // per chunk: its keys of a finite fill hidden (FwdFillRows; additive masks only)
+  static_assert(!kFill || kKind != MaskKind::kBool, "a boolean mask has no fill");
+  __shared__ __align__(16) unsigned char s_fill[kClassifyWarps][kFill ? kMaxChunks : 1];
+  constexpr bool track_fill = kFill;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wpt = a.warps_per_tile;
   const int slot = warp / wpt, part = warp % wpt;  // the tile in this CTA, this warp's share
@@ -159,7 +168,7 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
   // (mask_classify.h); -inf when no bound holds (bool masks never use it)
   float dead_below = -INFINITY;
   bool no_live_row = false;
-  if (kKind != MaskKind::kBool && a.bounds_partial != nullptr) {
+  if (kKind != MaskKind::kBool && !kFill && a.bounds_partial != nullptr) {
     // the shares of the tile's blocks: lane s < splits (at most 32) reads share s
     const int64_t inst = int64_t(b) * a.mask_heads + h, instances = int64_t(gridDim.z) * gridDim.y;
     const int64_t at_q = inst * a.num_m_blocks + m_block;
@@ -202,15 +211,20 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
   // an additive element x is hidden iff float(x) <= hidden_at (-inf or a dead bias)
   float hidden_at = -INFINITY;
   // (no live row: the tile is empty whatever its entries, no threshold needed)
-  if constexpr (kKind != MaskKind::kBool) hidden_at = no_live_row ? INFINITY : hidden_at_or_below<T>(dead_below);
-  // one key's bits: visible, and (additive) adding exactly 0
-  auto judge = [&](T x, int c, uint32_t& visible, uint32_t& zero) {
+  // (the forward's fill: x * log2(e) <= -FLT_MAX, i.e. below the float next to -FLT_MAX)
+  if constexpr (kKind != MaskKind::kBool) {
+    if constexpr (kFill) dead_below = -3.4028232635611926e38f;
+    hidden_at = no_live_row ? INFINITY : hidden_at_or_below<T>(dead_below);
+  }
+  // one key's bits: visible, (additive) adding exactly 0, and (additive) a finite hidden fill
+  auto judge = [&](T x, int c, uint32_t& visible, uint32_t& zero, uint32_t& fill) {
     if constexpr (kKind == MaskKind::kBool) {
       visible |= uint32_t(x != 0) << c;
     } else {
       const float f = to_float(x);
       visible |= uint32_t(!(f <= hidden_at)) << c;
       zero |= uint32_t(f == 0.f) << c;
+      if constexpr (kFill) fill |= uint32_t(f <= hidden_at && f != -INFINITY) << c;
     }
   };
   bool any_visible = false, all_full = true, binary = true;
@@ -236,24 +250,26 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
       const int i = (r << cpr_shift) + col;
       if (q >= a.seqlen_q) {  // padding rows: P = 0 there whatever the class
         s_bits[slot][i] = 0;
+        if (track_fill) s_fill[slot][i] = 0;
         continue;
       }
       // the chunk's keys inside the key tail and the causal cut: the first `in_range`
       int in_range = a.seqlen_k - kc;
       if (a.is_causal) in_range = min(in_range, q + 1 - kc);
       const uint32_t range = in_range >= kChunk ? 0xFFu : (in_range > 0 ? (1u << in_range) - 1u : 0u);
-      uint32_t visible = 0, zero = kKind == MaskKind::kBool ? 0xFFu : 0u;  // one bit per key
+      uint32_t visible = 0, zero = kKind == MaskKind::kBool ? 0xFFu : 0u, fill = 0;  // one bit per key
       if ((vec >> u) & 1u) {
 #pragma unroll
-        for (int c = 0; c < kChunk; ++c) judge(loaded[u].e[c], c, visible, zero);
+        for (int c = 0; c < kChunk; ++c) judge(loaded[u].e[c], c, visible, zero, fill);
       } else {
         const T* src = col_base + int64_t(q) * a.sr;
 #pragma unroll
         for (int c = 0; c < kChunk; ++c) {
-          if ((range >> c) & 1u) judge(src[int64_t(c) * a.sc], c, visible, zero);  // (keys < Sk only)
+          if ((range >> c) & 1u) judge(src[int64_t(c) * a.sc], c, visible, zero, fill);  // (keys < Sk only)
         }
       }
       visible &= range;
+      if (track_fill) s_fill[slot][i] = static_cast<unsigned char>(fill & range);
       any_visible |= visible != 0;
       all_full &= (visible & zero) == 0xFFu;
       binary &= (visible & ~zero) == 0;  // hidden, or visible with nothing added
@@ -285,6 +301,20 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
                             : binary     ? kTilePartialBits
                                          : kTilePartial;
   const int64_t idx = ((int64_t(b) * a.mask_heads + h) * a.num_n_blocks + n_block) * a.num_m_blocks + m_block;
+  if constexpr (kFill) {  // this tile's share of each row's flags: lane per row, chunks or-ed
+    __syncwarp();  // the other lanes' bytes (the other warps': the barrier above)
+    uint32_t* flags = a.row_flags + (int64_t(b) * a.mask_heads + h) * a.seqlen_q + q0;
+    for (int r = lane; r < a.tile_m && q0 + r < a.seqlen_q; r += 32) {
+      unsigned seen = 0, fill = 0;
+      for (int c = 0; c < (1 << cpr_shift); ++c) {
+        seen |= s_bits[slot][(r << cpr_shift) + c];
+        fill |= s_fill[slot][(r << cpr_shift) + c];
+      }
+      const uint32_t want = (seen != 0 ? 1u : 0u) | (fill != 0 ? 2u : 0u);
+      // (flags only gain bits: a stale read costs an atomic, never a lost bit)
+      if (want != 0u && (flags[r] & want) != want) atomicOr(flags + r, want);
+    }
+  }
   if (cls == kTilePartialBits) {
     __syncwarp();  // the other lanes' bytes (the other warps': the barrier above)
     // (chunks is a multiple of 16: tile_m * tile_n / 8 with tile sizes multiples of 64)
@@ -293,6 +323,37 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
     for (int v = lane; v < chunks / 16; v += 32) out[v] = in[v];
   }
   if (lane == 0) a.tile_class[idx] = cls;
+}
+
+// The forward's fill rows (FwdFillRows), one warp per (mask instance, m-block): a block with a
+// row whose flags are "a fill entry, no visible key" has every tile made kTilePartial (the
+// element path gives that row SDPA's uniform weights over the fill's keys); then
+// block_elements[instance][m-block] = 1 where the block has a kTilePartial tile.
+constexpr int kFillRowsWarps = 4;
+
+__global__ void __launch_bounds__(kFillRowsWarps * 32)
+    fill_rows_kernel(unsigned char* tile_class, const uint32_t* row_flags, unsigned char* block_elements,
+                     int64_t blocks, int num_m_blocks, int num_n_blocks, int tile_m, int seqlen_q) {
+  const int64_t block = int64_t(blockIdx.x) * kFillRowsWarps + threadIdx.x / 32;  // inst * m_blocks + m
+  const int lane = threadIdx.x % 32;
+  if (block >= blocks) return;
+  const int64_t inst = block / num_m_blocks;
+  const int m_block = int(block - inst * num_m_blocks);
+  bool fill_row = false;
+  for (int r = lane; r < tile_m; r += 32) {
+    const int q = m_block * tile_m + r;
+    if (q < seqlen_q) fill_row |= row_flags[inst * seqlen_q + q] == 2u;
+  }
+  fill_row = __any_sync(0xffffffffu, fill_row);
+  unsigned char* cls = tile_class + inst * num_n_blocks * num_m_blocks + m_block;
+  bool elements = false;
+  for (int n = lane; n < num_n_blocks; n += 32) {
+    unsigned char& c = cls[int64_t(n) * num_m_blocks];
+    if (fill_row) c = kTilePartial;
+    elements |= c == kTilePartial;
+  }
+  elements = __any_sync(0xffffffffu, elements);
+  if (lane == 0) block_elements[block] = elements;
 }
 
 // One warp per (mask instance, n-block) row of tile classes: the m-blocks [lo, hi) from the
@@ -323,7 +384,7 @@ __global__ void __launch_bounds__(kRangeWarps * 32)
 
 }  // namespace
 
-void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
+void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRows* fill) {
   // the classify kernel's tile: rows of at most 32 chunks (a power of two), kMaxChunks in all
   if (p.tile_n % kChunk != 0 || p.tile_n > 32 * kChunk || (p.tile_n & (p.tile_n - 1)) != 0 ||
       int64_t(p.tile_m) * p.tile_n / kChunk > kMaxChunks) {
@@ -356,6 +417,14 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
     a.q_norm_max = p.q_norm_max;
     a.scale_log2_abs = fabsf(p.scale_log2);
   }
+  const int64_t instances = int64_t(p.mask_heads) * p.mask_batch;
+  const bool fill_rows = fill != nullptr && p.mask_kind != MaskKind::kBool;
+  if (fill_rows) {
+    a.row_flags = fill->row_flags;
+    if (instances * p.seqlen_q > 0) {
+      cudaMemsetAsync(fill->row_flags, 0, size_t(instances * p.seqlen_q) * sizeof(uint32_t), stream);
+    }
+  }
   const int64_t tiles = int64_t(p.num_m_blocks) * p.num_n_blocks;
   // warps per tile: enough warps for about 24 per multiprocessor (3 CTAs of 8)
   const int64_t want_warps = 24 * int64_t(p.num_sms > 0 ? p.num_sms : 132);
@@ -372,16 +441,34 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream) {
       mask_classify_kernel<MaskKind::kBool><<<grid, kClassifyThreads, 0, stream>>>(a);
       break;
     case MaskKind::kFloat16:
-      mask_classify_kernel<MaskKind::kFloat16><<<grid, kClassifyThreads, 0, stream>>>(a);
+      if (fill_rows) {
+        mask_classify_kernel<MaskKind::kFloat16, true><<<grid, kClassifyThreads, 0, stream>>>(a);
+      } else {
+        mask_classify_kernel<MaskKind::kFloat16><<<grid, kClassifyThreads, 0, stream>>>(a);
+      }
       break;
     case MaskKind::kBFloat16:
-      mask_classify_kernel<MaskKind::kBFloat16><<<grid, kClassifyThreads, 0, stream>>>(a);
+      if (fill_rows) {
+        mask_classify_kernel<MaskKind::kBFloat16, true><<<grid, kClassifyThreads, 0, stream>>>(a);
+      } else {
+        mask_classify_kernel<MaskKind::kBFloat16><<<grid, kClassifyThreads, 0, stream>>>(a);
+      }
       break;
     case MaskKind::kFloat32:
-      mask_classify_kernel<MaskKind::kFloat32><<<grid, kClassifyThreads, 0, stream>>>(a);
+      if (fill_rows) {
+        mask_classify_kernel<MaskKind::kFloat32, true><<<grid, kClassifyThreads, 0, stream>>>(a);
+      } else {
+        mask_classify_kernel<MaskKind::kFloat32><<<grid, kClassifyThreads, 0, stream>>>(a);
+      }
       break;
     default:
       return;
+  }
+  if (fill_rows) {
+    const int64_t blocks = instances * p.num_m_blocks;
+    fill_rows_kernel<<<unsigned((blocks + kFillRowsWarps - 1) / kFillRowsWarps), kFillRowsWarps * 32, 0, stream>>>(
+        p.tile_class, fill->row_flags, fill->block_elements, blocks, p.num_m_blocks, p.num_n_blocks, p.tile_m,
+        p.seqlen_q);
   }
   const int64_t rows = int64_t(p.mask_batch) * p.mask_heads * p.num_n_blocks;
   tile_range_kernel<<<unsigned((rows + kRangeWarps - 1) / kRangeWarps), kRangeWarps * 32, 0, stream>>>(

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "bwd_params.h"
 
 namespace sm90_sdpa {
@@ -35,6 +37,18 @@ namespace sm90_sdpa {
 // preprocess launch's bounds CTAs wrote (mask_bounds.h; run_bwd_preprocess must run first
 // on the same params); the classification folds them per tile and writes the folded
 // q_norm_max, lse_min and k_norm_max (for tests).
-void run_mask_classify(const BwdParams& params, cudaStream_t stream);
+//
+// fill (the forward's, classify_fwd_mask; null for the backward): with a float mask, a finite
+// entry x whose term the forward kernel clamps to -FLT_MAX (x * log2(e) <= -FLT_MAX, e.g. the
+// minimum of bf16 or fp32) counts as hidden too. In a row that sees a key, its P is exactly 0
+// either way (while the scaled scores stay far below 2^100 in magnitude). A row that sees no
+// key but such a fill gets uniform weights over the fill's keys in SDPA, so every tile of a
+// query block holding such a row becomes kTilePartial, computed from the mask's elements. Then
+// block_elements says which query blocks have a kTilePartial tile.
+struct FwdFillRows {
+  uint32_t* row_flags;            // [mask instances, seqlen_q] words, zeroed here
+  unsigned char* block_elements;  // [mask instances, num_m_blocks]
+};
+void run_mask_classify(const BwdParams& params, cudaStream_t stream, const FwdFillRows* fill = nullptr);
 
 }  // namespace sm90_sdpa

@@ -240,7 +240,7 @@ def test_masked_forward_with_every_bias_dtype(mask_dtype):
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
-def test_finite_fill_rows_get_uniform_weights():
+def test_finite_fill_rows_get_uniform_weights(kernel_kind):
     """A row whose every key carries fp32's finite minimum: the scores vanish next to it, so
     SDPA (and the float64 reference) average V there; so does the kernel (the bias stays
     finite in the log2 domain, where its product with log2(e) would overflow)."""
@@ -256,6 +256,42 @@ def test_finite_fill_rows_get_uniform_weights():
     # (the reference's own row 7 is off: its lse loses log(Sk) next to the fill)
     rows = [r for r in range(200) if r != 7]
     torch.testing.assert_close(out[:, :, rows].double(), want_out[:, :, rows], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+@pytest.mark.parametrize("head_dim,dtype", _one_dtype_per_head_dim())
+@pytest.mark.parametrize("fill_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", ["causal", "padding left", "padding right", "documents",
+                                  "rows without keys", "random per head"])
+def test_masked_forward_with_the_dtype_minimum_as_fill(kind, is_causal, fill_dtype, head_dim, dtype,
+                                                      kernel_kind):
+    """A boolean mask in transformers' additive form: 0 where it attends, the dtype's minimum
+    elsewhere. For bf16 and fp32 the kernel clamps that fill's term to -FLT_MAX, so the
+    classification hides it: rows that see a key get the boolean mask's out and lse; rows
+    that see only the fill (left padding, rows without keys) get SDPA's uniform weights over
+    the keys inside the causal cut, from the element path."""
+    b, hq, hkv, s = 2, 4, 2, 333
+    keep = make_mask(kind, b, hq, s, s, dtype)
+    q, k, v, _, out_bool, lse_bool = _check_masked(kind, b, hq, hkv, s, s, head_dim, dtype,
+                                                   is_causal=is_causal, mask=keep)
+    bias = torch.zeros(keep.shape, dtype=fill_dtype, device="cuda").masked_fill(
+        ~keep, torch.finfo(fill_dtype).min)
+    poison_allocator(q, k, v)
+    out, lse = sdpa_forward(q, k, v, is_causal, head_dim ** -0.5, True, bias)
+    in_cut = causal_bool(s, s, "cuda") if is_causal else torch.ones(s, s, dtype=torch.bool,
+                                                                    device="cuda")
+    seen = (keep & in_cut).expand(b, hq, s, s).any(-1)  # [B, Hq, Sq]
+    assert seen.any()
+    torch.testing.assert_close(out[seen], out_bool[seen])
+    torch.testing.assert_close(lse[seen], lse_bool[seen], atol=1e-4, rtol=1e-5)
+    fill_rows = ~seen
+    if kind in ("padding left", "rows without keys"):
+        assert fill_rows.any()
+    # a fill row: the mean of V over the keys inside the cut (kv heads expanded)
+    vv = v.float().repeat_interleave(hq // hkv, 1)
+    mean_v = (in_cut.float() @ vv) / in_cut.sum(-1, keepdim=True)  # [B, Hq, Sq, D]
+    torch.testing.assert_close(out[fill_rows].float(), mean_v[fill_rows], atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")

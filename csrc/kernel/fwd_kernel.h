@@ -17,8 +17,9 @@
 // of full tiles run unmasked, blocks of partial tiles read the classification's visibility bits
 // or, for other biases, the mask itself. A key block smaller than kFwdTile is a slice of one
 // tile and takes that tile's class and its share of the bits. Only the in-turn kernel reads a
-// mask's elements (kReadsMaskElements); the overlap kernel takes boolean masks, whose partial
-// tiles are all bits (run_fwd_main picks).
+// mask's elements (kReadsMaskElements); with a float mask the overlap kernel runs the query
+// blocks whose partial tiles are all bits and the in-turn kernel the others (run_fwd_main,
+// Params::block_elements).
 #pragma once
 
 #include <cfloat>
@@ -161,12 +162,16 @@ struct FwdKernel {
     int num_m_tiles, num_n_tiles;     // the classification's grid of kFwdTile x kFwdTile tiles
     unsigned char const* tile_class;  // [mask_batch, mask_heads, num_n_tiles, num_m_tiles]
     uint32_t const* tile_bits;        // kTileBitWords per tile, in tile_class order
+    // [mask_batch, mask_heads, num_m_tiles]: 1 where a query block needs the mask's elements
+    // (a float mask's kTilePartial tile); the kernel runs only the blocks where this equals
+    // kReadsMaskElements. Null: every block (a boolean mask, or the in-turn kernel alone)
+    unsigned char const* block_elements;
   };
 
   // p: strides already fit for TMA (launch_fwd_main); tile_class / tile_bits: the
   // classification's output in p.mask_workspace (null without a mask)
   static Params to_params(FwdParams const& p, unsigned char const* tile_class = nullptr,
-                          uint32_t const* tile_bits = nullptr) {
+                          uint32_t const* tile_bits = nullptr, unsigned char const* block_elements = nullptr) {
     auto gmem = [](void const* ptr, int s, int h, int b, int64_t rs, int64_t hs, int64_t bs) {
       return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
                          make_shape(s, int32_t(kHeadDim), h, b), make_stride(rs, _1{}, hs, bs));
@@ -203,7 +208,8 @@ struct FwdKernel {
         (p.seqlen_q + kFwdTile - 1) / kFwdTile,
         (p.seqlen_k + kFwdTile - 1) / kFwdTile,
         tile_class,
-        tile_bits};
+        tile_bits,
+        block_elements};
   }
 
   // The index of tile (m_block, 0) of (bidh, bidb)'s mask instance in tile_class (m_block is
@@ -532,6 +538,13 @@ struct FwdKernel {
     int const bidh = blockIdx.y;
     int const bidb = blockIdx.z;
     int const n_end = n_block_end(params, m_block);
+    if constexpr (kMasked) {  // the other kernel of the pair runs this block (run_fwd_main)
+      if (params.block_elements != nullptr) {
+        int64_t const inst = (params.mask_batch == 1 ? 0 : bidb) * int64_t(params.mask_heads) +
+                             (params.mask_heads == 1 ? 0 : bidh);
+        if ((params.block_elements[inst * params.num_m_tiles + m_block] != 0) != kReadsMaskElements) { return; }
+      }
+    }
 
     if (warp_idx == 0 && cute::elect_one_sync()) {
       cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
