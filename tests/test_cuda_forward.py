@@ -295,6 +295,34 @@ def test_masked_forward_with_the_dtype_minimum_as_fill(kind, is_causal, fill_dty
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+def test_sdpa_takes_additive_masks_whose_fill_our_forward_hides(monkeypatch):
+    """The differentiable op (and so the drop-in) runs our forward for an additive mask in
+    transformers' form, bf16 or fp32 and broadcast over heads; a per-head bias (and an fp16
+    mask, whose fill -65504 hides nothing) keeps the stock forward."""
+    from torch_sm90_sdpa import ops
+
+    d, dt = _built()[0]
+    dtype = _DTYPES[dt]
+    q, k, v = make_qkv(2, 4, 4, 300, 300, d, dtype=dtype, device="cuda")
+    keep = causal_bool(300, 300, "cuda")[None, None]
+    calls = []
+    real = ops.sdpa_forward_cuda
+    monkeypatch.setattr(ops, "sdpa_forward_cuda", lambda *a: calls.append(a[-1]) or real(*a))
+    cases = [(torch.bfloat16, 1, True), (torch.float32, 1, True), (torch.bfloat16, 4, False)]
+    if dtype == torch.float16:
+        cases.append((torch.float16, 1, False))
+    for mask_dtype, heads, ours in cases:
+        bias = torch.zeros(2, heads, 300, 300, dtype=mask_dtype, device="cuda").masked_fill(
+            ~keep, torch.finfo(mask_dtype).min)
+        calls.clear()
+        out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, False, None, False, bias)
+        assert (len(calls) == 1 and calls[0].data_ptr() == bias.data_ptr()) == ours, \
+            (mask_dtype, heads)
+        want, _ = reference_out_lse(q, k, v, keep, False, d ** -0.5)
+        assert _err(out, want) < 2e-2
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
 def test_masked_forward_is_bitwise_repeatable_and_sdpa_takes_it(kernel_kind):
     d, dt = _built()[0]
     q, k, v, mask, out, lse = _check_masked("padding left", 2, 8, 2, 777, 1500, d, _DTYPES[dt])

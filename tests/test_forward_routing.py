@@ -292,8 +292,9 @@ flash causal Sq != Sk: its backward stays on stock""")
             self.assertEqual(self.rewrite(gm), [("cudnn", policy.R_NOT_SM90)])
 
     def test_speed_gate(self):
-        """Routed: cuDNN nodes with a boolean mask, from the measured key lengths; stock: other
-        lengths, unmasked nodes, additive masks, the other backends."""
+        """Routed: cuDNN nodes with a boolean mask or a bf16 / fp32 additive one broadcast over
+        heads, from the measured key lengths; stock: other lengths, unmasked nodes, fp16 and
+        per-head additive masks, the other backends."""
         def decide(**kw):
             gm = trace_joint(**kw)
             return self.rewrite(gm, only_faster=True)[0][1]
@@ -309,7 +310,13 @@ flash causal Sq != Sk: its backward stays on stock""")
                          policy.R_SLOWER_FORWARD)
         self.assertEqual(decide(backend="cudnn", sq=4096, sk=2048, b=1, hq=2, hkv=2), "routed")
         self.assertEqual(decide(backend="cudnn", mask=None, **long), policy.R_SLOWER_FORWARD)
-        self.assertEqual(decide(backend="cudnn", mask="float", **long), policy.R_SLOWER_FORWARD)
+        # an additive mask broadcast over heads, bf16 (its minimum, transformers' fill, counts
+        # as hidden): the boolean rows; fp16 (-65504 hides nothing) and per-head biases: stock
+        self.assertEqual(decide(backend="cudnn", mask="float", **long), "routed")
+        self.assertEqual(decide(backend="cudnn", mask="float", dtype=torch.float16, **long),
+                         policy.R_SLOWER_FORWARD)
+        self.assertEqual(decide(backend="cudnn", mask="float", mask_shape=(1, 2, 2048, 2048),
+                                **long), policy.R_SLOWER_FORWARD)
         self.assertEqual(decide(backend="efficient", **long), policy.R_SLOWER_FORWARD)
 
 

@@ -189,6 +189,23 @@ def _dims(t) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
+def additive_mask_slower_forward(mask) -> Optional[str]:
+    """Why our forward runs an additive `mask` slower than stock does (None: it does not).
+
+    Our forward skips the tiles a mask hides and reads the others as bits where every visible
+    entry adds 0 (csrc/mask_classify.h): hidden are -inf and, in a bf16 or fp32 mask, a fill
+    the kernel clamps to -FLT_MAX (the dtype's minimum: transformers' additive masks). A tile
+    holding other values is computed from the mask's elements, slower than stock's masked
+    forward: every tile of an fp16 mask filled with its minimum (-65504), and of a bias that
+    varies over heads (ALiBi, T5's position bias), dense by nature.
+    """
+    if mask.dtype == torch.float16:
+        return "an fp16 additive mask: its fill (-65504) hides no tile"
+    if mask.dim() >= 3 and _known(mask.size(-3) != 1) and _known(mask.stride(-3) != 0):
+        return f"an additive mask per head {_dims(mask)}: a dense bias, read from its elements"
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _capability_cached(index: int):
     return torch.cuda.get_device_capability(index)

@@ -362,11 +362,13 @@ def _sdpa_body(
     _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask)
     scale = _validation.resolve_scale(scale, q)
     # Our forward for a boolean mask: 1.77-6.27x cuDNN's masked forward (benchmarks/bench_fwd.py,
-    # H100, commits 2eb58ab, 50b2d61 and 4369a41). An additive mask keeps the stock forward: a finite
-    # fill (the dtype's minimum, as transformers builds it) leaves every tile partial, 0.31-0.48x
-    # cuDNN's masked forward at d64-d128 (0.86-1.13x at d192 / d256).
-    if attn_mask is not None and attn_mask.dtype == torch.bool and q.device.type == "cuda":
-        why_not = forward_unserved(q, k, v, is_causal, attn_mask)
+    # H100, commits 2eb58ab, 50b2d61 and 4369a41), and for an additive mask whose fill it hides
+    # (bf16 / fp32, broadcast over heads: transformers' additive form). fp16 and per-head biases
+    # keep the stock forward (eligibility.additive_mask_slower_forward).
+    if attn_mask is not None and q.device.type == "cuda":
+        why_not = (None if attn_mask.dtype == torch.bool
+                   else eligibility.additive_mask_slower_forward(attn_mask))
+        why_not = why_not or forward_unserved(q, k, v, is_causal, attn_mask)
         if why_not is None:
             return sdpa_forward_cuda(q, k, v, is_causal, scale, attn_mask)
         log.debug("sdpa: stock masked forward (%s)", why_not)

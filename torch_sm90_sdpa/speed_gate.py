@@ -15,7 +15,8 @@ import torch
 
 from . import _generated_speed_table as speed_table
 from .eligibility import (ROUTE, AttentionBackwardCall, AttentionForwardCall, Decision, _dims,
-                          _known, _no, _query_cuda_device, gqa_heads_per_cta)
+                          _known, _no, _query_cuda_device, additive_mask_slower_forward,
+                          gqa_heads_per_cta)
 
 R_SLOWER = "stock backward is faster here"
 R_SLOWER_FORWARD = "stock forward is faster here"
@@ -291,9 +292,11 @@ def gate_fingerprint(model: Optional[str]) -> tuple:
 # all-True mask, or bounded from the full and causal rows where a file predates that column),
 # since the gate cannot see how much a mask hides. The other
 # forwards stay on stock: unmasked, ours measured 0.61-0.92x of cuDNN / FA2 (H100, commits
-# 2eb58ab, 50b2d61 and 4369a41, BENCHMARKS.md "Forward"); with an additive mask of finite fill every
-# tile is partial (0.31-0.48x of cuDNN's masked forward at d64 / d96 / d128, 0.86-1.13x at
-# d192 / d256); the memory-efficient forward was not measured.
+# 2eb58ab, 50b2d61 and 4369a41, BENCHMARKS.md "Forward"); so do additive masks whose tiles ours
+# reads from the elements (fp16, per head: eligibility.additive_mask_slower_forward; 0.31-0.48x
+# of cuDNN's masked forward at d64 / d96 / d128, 0.86-1.13x at d192 / d256). A bf16 / fp32
+# additive mask broadcast over heads takes the boolean rows: its fill counts as hidden, so ours
+# runs it as it runs the boolean mask. The memory-efficient forward was not measured.
 FORWARD_MEASURED_DEVICES = tuple(sorted({r["device"] for r in speed_table.FORWARD_ROWS}))
 
 
@@ -318,10 +321,10 @@ def forward_faster_than_stock(call: AttentionForwardCall) -> Decision:
     if call.mask is None:
         return _no(R_SLOWER_FORWARD, "unmasked: cuDNN's forward measured faster (ours 0.61-0.93x "
                                      "on an H100); enable(only_faster=False) routes it anyway")
-    if call.mask.dtype != torch.bool:
-        return _no(R_SLOWER_FORWARD, f"additive mask {_dims(call.mask)} {call.mask.dtype}: a "
-                                     "finite fill leaves every tile partial, where cuDNN's masked "
-                                     "forward is faster; enable(only_faster=False) routes it anyway")
+    slower = None if call.mask.dtype == torch.bool else additive_mask_slower_forward(call.mask)
+    if slower is not None:
+        return _no(R_SLOWER_FORWARD, f"{slower}, where cuDNN's masked forward is faster; "
+                                     "enable(only_faster=False) routes it anyway")
     name = device_name(call.device)
     model = name if name in FORWARD_MEASURED_DEVICES else None
     head_dim, seqlen_q, seqlen_k = call.q.size(-1), call.q.size(2), call.k.size(2)
