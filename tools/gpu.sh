@@ -52,7 +52,8 @@
 #               dependencies, -d .whl/transformers
 #   build/carry_gz/  a previous call's OUTDIR/prebuilt/ (the .so gzipped, _build_config.py,
 #               prebuilt_sources.sha1), carried to skip the build; it is used only when its
-#               hash matches these C++ sources. A build left on a warm machine is reused alike;
+#               hash matches these C++ sources and the build selection (TORCH_SM90_SDPA_HEAD_DIMS,
+#               _DTYPES, _NVCC_FLAGS). A build left on a warm machine is reused alike;
 #               FORCE_BUILD=1 builds anyway.
 # Logs go to OUTDIR (build.log, tests.log, junit.xml, bench_*.txt, sanitize_*.txt, ncu_*); the
 # last lines printed, and OUTDIR/summary.txt, are one line per step.
@@ -103,10 +104,14 @@ install_wheels() {
 }
 
 # ---- the build ----------------------------------------------------------------------------
-# The C++ sources' content hash: a build is reused only when it was made from these sources.
+# The C++ sources' content hash, with the build's selection (head dims, dtypes, nvcc flags): a
+# build is reused only when it was made from these sources for the variants asked for.
 sources_sha1() {
-  find csrc registration setup.py -type f ! -path 'csrc/instantiations/*' -print0 | sort -z \
-    | xargs -0 cat | sha1sum | cut -c1-40
+  { find csrc registration setup.py -type f ! -path 'csrc/instantiations/*' -print0 | sort -z \
+      | xargs -0 cat
+    echo "HEAD_DIMS=${TORCH_SM90_SDPA_HEAD_DIMS:-} DTYPES=${TORCH_SM90_SDPA_DTYPES:-}" \
+         "NVCC_FLAGS=${TORCH_SM90_SDPA_NVCC_FLAGS:-}"
+  } | sha1sum | cut -c1-40
 }
 so_here() {
   ls torch_sm90_sdpa/_C.cpython-"$("$PY" -c 'import sys; print("%d%d" % sys.version_info[:2])')"*.so \
