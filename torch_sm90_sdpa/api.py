@@ -181,9 +181,11 @@ def scaled_dot_product_attention(
     query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, Dv]; Hq % Hkv == 0 with
     ``enable_gqa=True``. ``scale=None`` means ``1 / sqrt(D)``. attn_mask: a bool mask (True =
     attend) or an additive float mask (fp32 / fp16 / bf16) broadcastable to [B, Hq, Sq, Sk]; its
-    backward skips the tiles the mask hides, and its forward is stock cuDNN's with the mask as
-    a 0 / -inf bias where torch allows it (else the memory-efficient kernel's): a row without a
-    visible key gives 0. Calls with dropout, a mask that requires grad or
+    backward skips the tiles the mask hides, and so does its forward (our SM90 forward kernel)
+    for a bool mask and a bf16 / fp32 additive mask broadcast over heads; other masks take stock
+    cuDNN's forward with the mask as a 0 / -inf bias where torch allows it (else the
+    memory-efficient kernel's). A row without a visible key gives 0 (one whose every key
+    carries a finite fill: uniform weights, as in SDPA). Calls with dropout, a mask that requires grad or
     comes with ``is_causal=True``, other ranks, no gradient to compute, autocast on, or (on
     CUDA) a non-SM90 device or a dtype or head dim without a compiled kernel fall back to the
     stock function. Under ``torch.use_deterministic_algorithms(True)`` the backward runs the
