@@ -7,8 +7,9 @@ bias (the score-bound pass of the classification), three calls of more tiles tha
 TORCH_SM90_SDPA_PERSISTENT=1 in the environment, CTAs that take several tiles; d256's epilogue
 stores through the dQ staging tile), and three full calls whose last partial wave is split
 into pieces (TORCH_SM90_SDPA_SPLIT_TAIL=1, set here: fragments of tiles, their fp32 sums and
-counts), and the forward kernel (sdpa_forward) on twelve calls, two or more per head dim,
-masked ones included (the masked backward cases of head dims with a forward kernel also run it,
+counts), and the forward kernel (sdpa_forward) on fifteen calls, two or more per head dim,
+masked ones included (three with a bias of 0 / bf16's minimum and rows that see only that
+fill: query blocks of the overlap and of the in-turn kernel in one call) (the masked backward cases of head dims with a forward kernel also run it,
 through `sdpa`), each with both forward kernels (TORCH_SM90_SDPA_FWD_OVERLAP 0 and 1). The GQA
 cases run twice: with one q head per CTA and with each CTA walking its group
 (TORCH_SM90_SDPA_GQA_WALK=1, read per call). The (192, 128) pair (v head dim 128, D as a
@@ -68,6 +69,11 @@ def make_mask(kind, b, sq, sk):
     if kind.startswith("cudnn-fill"):  # torch 2.11's bool mask as cuDNN gets it: finite fill
         keep = (j <= i)[None, None].repeat(b, 1, 1, 1)
         return torch.zeros(b, 1, sq, sk, device="cuda", dtype=torch.bfloat16).masked_fill(~keep, -65504.0)
+    if kind.startswith("transformers-fill"):  # causal, left padding, 0 / bf16's minimum
+        keep = (j <= i)[None, None].repeat(b, 1, 1, 1)
+        keep[-1, ..., : sk // 3] = False  # rows before the padding's end see only the fill
+        return torch.zeros(b, 1, sq, sk, device="cuda", dtype=torch.bfloat16).masked_fill(
+            ~keep, torch.finfo(torch.bfloat16).min)
     if kind.startswith("sliding"):
         keep = (j <= i) & (j > i - 64)
         return torch.zeros(sq, sk, device="cuda").masked_fill(~keep, float("-inf"))
@@ -106,7 +112,11 @@ FWD_CASES = [(1, 4, 2, 130, 77, 64, True, None), (1, 2, 2, 300, 300, 128, False,
              (1, 4, 2, 130, 77, 96, True, None), (2, 4, 2, 300, 300, 96, False, "padding bool [B,1,S,S]"),
              # 64-key blocks: two per classified tile (the sliding window empties some halves)
              (1, 2, 2, 200, 333, 192, True, None), (2, 4, 2, 260, 260, 192, True, "sliding-window bias [S,S]"),
-             (1, 4, 1, 150, 130, 256, False, None), (2, 2, 1, 200, 333, 256, True, "key padding bool [B,1,1,Sk]")]
+             (1, 4, 1, 150, 130, 256, False, None), (2, 2, 1, 200, 333, 256, True, "key padding bool [B,1,1,Sk]"),
+             # the clamped fill hidden, rows of fill only: blocks of both kernels in one call
+             (2, 4, 2, 300, 300, 128, False, "transformers-fill bias [B,1,S,S]"),
+             (2, 4, 2, 260, 260, 64, False, "transformers-fill bias [B,1,S,S]"),
+             (2, 4, 2, 300, 333, 192, True, "transformers-fill bias [B,1,S,S]")]
 has_fwd = getattr(_extension.load(), "has_fwd_variant", None)
 for (b, hq, hkv, sq, sk, d, causal, kind), overlap in [(c, o) for c in FWD_CASES for o in "01"]:
     if has_fwd is None or not has_fwd(d, _extension.dtype_code(torch.bfloat16)):
