@@ -145,3 +145,22 @@ def test_drop_in_serves_masks_with_our_op(monkeypatch):
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 16, dtype=torch.float32))
     torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, attn_mask=causal_bool(8, 8))
     assert len(calls) == 1 and calls[0][-1] is not None
+
+
+@pytest.mark.parametrize("shape,dtype,routed", [
+    ((2, 1, 5, 7), torch.bfloat16, True),   # transformers' additive form: fill hidden
+    ((5, 7), torch.float32, True),          # broadcast over batch and heads
+    ((2, 1, 5, 7), torch.float16, False),   # fp16's minimum (-65504) hides nothing
+    ((2, 3, 5, 7), torch.bfloat16, False),  # a bias per head (ALiBi, T5): dense
+    ((3, 5, 7), torch.float32, False),
+])
+def test_which_additive_masks_our_forward_takes(shape, dtype, routed):
+    """eligibility.additive_mask_slower_forward: the additive masks whose forward stays on
+    stock (sdpa, the drop-in and the compile route's forward gate ask it)."""
+    from torch_sm90_sdpa import eligibility
+
+    mask = torch.zeros(shape, dtype=dtype)
+    why = eligibility.additive_mask_slower_forward(mask)
+    assert (why is None) == routed, why
+    if len(shape) == 4 and shape[1] == 1:  # expanded over heads (stride 0): still one bias
+        assert (eligibility.additive_mask_slower_forward(mask.expand(2, 3, 5, 7)) is None) == routed
