@@ -19,14 +19,17 @@ masked backward (what stock runs under deterministic algorithms) instead of cuDN
     python benchmarks/bench_masks.py [--seqs 2048,4096,8192,16384] [--reps 10] [--json OUT]
                                      [--head-dim 128] [--kv-heads 4] [--classes]
 
---public also times forward + backward through the public entry points with the boolean mask a
-user passes (keep = bias == 0): torch_sm90_sdpa.scaled_dot_product_attention (the drop-in: stock
-forward, our backward) against F.scaled_dot_product_attention, and F's is_causal call.
+--public also times forward + backward through the public entry points, interleaved:
+torch_sm90_sdpa.scaled_dot_product_attention (the drop-in, which routes the forward and the
+backward where ours serves them) and F.scaled_dot_product_attention, each with the boolean mask
+a user passes (keep = bias == 0), with the additive bias itself (what transformers' sdpa
+interface passes: run it with --fill min) and with is_causal (what the model would cost without
+a mask).
 
 --kv-heads: GQA (k / v with fewer heads, as Llama-style models); --classes prints the share of
 empty / partial / full tiles the classification found for each mask; --fill cudnn makes the
 bias 0 / -65504, as torch 2.11 hands a boolean mask to cuDNN (its convert_boolean_attn_mask_cudnn),
-instead of 0 / -inf.
+--fill min 0 / bf16's minimum, as transformers builds an additive mask, instead of 0 / -inf.
 """
 import argparse
 
@@ -107,26 +110,28 @@ def ours_backward(q, k, v, dout, bias, causal, scale, o, lse):
     return run
 
 
-def public_times(q, k, v, dout, keep, reps):
+def public_times(q, k, v, dout, bias, reps):
     """Forward + backward ms through the public entry points, interleaved: the drop-in and
-    F.scaled_dot_product_attention with the boolean mask keep [B, 1, S, S], and F's is_causal
-    call (what the model would cost without a mask)."""
+    F.scaled_dot_product_attention, each with the boolean mask keep = bias == 0, with the
+    additive bias [B, 1, S, S] itself and with is_causal (no mask)."""
     import torch.nn.functional as F
 
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     gqa = q.size(1) != k.size(1)
+    keep = bias == 0
 
     def fwd_bwd(fn, **kw):
         def run():
             out = fn(qg, kg, vg, enable_gqa=gqa, **kw)
             return torch.autograd.grad(out, (qg, kg, vg), dout)
         return run
-    t = time_interleaved({
-        "dropin mask fwdbwd": fwd_bwd(torch_sm90_sdpa.scaled_dot_product_attention, attn_mask=keep),
-        "F.sdpa mask fwdbwd": fwd_bwd(F.scaled_dot_product_attention, attn_mask=keep),
-        "F.sdpa causal fwdbwd": fwd_bwd(F.scaled_dot_product_attention, is_causal=True),
-    }, reps, warmup=1)
-    return t
+    runs = {}
+    for name, fn in (("dropin", torch_sm90_sdpa.scaled_dot_product_attention),
+                     ("F.sdpa", F.scaled_dot_product_attention)):
+        runs[f"{name} mask fwdbwd"] = fwd_bwd(fn, attn_mask=keep)
+        runs[f"{name} bias fwdbwd"] = fwd_bwd(fn, attn_mask=bias)
+        runs[f"{name} causal fwdbwd"] = fwd_bwd(fn, is_causal=True)
+    return time_interleaved(runs, reps, warmup=1)
 
 
 def main():
@@ -142,8 +147,9 @@ def main():
                     help="also forward + backward through the drop-in and F.sdpa (bool mask)")
     ap.add_argument("--stock", choices=("cudnn", "efficient"), default="cudnn",
                     help="the stock masked backward to compare with")
-    ap.add_argument("--fill", choices=("inf", "cudnn"), default="inf",
-                    help="masked bias entries: -inf, or -65504 as torch hands cuDNN a bool mask")
+    ap.add_argument("--fill", choices=("inf", "cudnn", "min"), default="inf",
+                    help="masked bias entries: -inf, -65504 as torch hands cuDNN a bool mask, "
+                         "or bf16's minimum as transformers fills an additive mask")
     args = ap.parse_args()
     d = args.head_dim
     h = 2048 // d
@@ -164,7 +170,9 @@ def main():
         causal_run, (o_c, lse_c) = cudnn_backward(q, k, v, dout, None, True, scale)
         ours_causal = ours_backward(q, k, v, dout, None, True, scale, o_c, lse_c)
         for kind in args.kinds.split(","):
-            bias = make_bias(kind, b, h, s, float("-inf") if args.fill == "inf" else -65504.0)
+            fill = {"inf": float("-inf"), "cudnn": -65504.0,
+                    "min": torch.finfo(torch.bfloat16).min}[args.fill]
+            bias = make_bias(kind, b, h, s, fill)
             stock_mask, (o_m, lse_m) = stock_masked(q, k, v, dout, bias, False, scale)
             ours_mask = ours_backward(q, k, v, dout, bias, False, scale, o_m, lse_m)
             t = time_interleaved({"ours mask": ours_mask, f"{stock} mask": stock_mask,
@@ -182,7 +190,7 @@ def main():
                 row["tile_classes"] = {name: (cls == code).float().mean().item()
                                        for code, name in enumerate(("empty", "partial", "full", "bits"))}
             if args.public:
-                row.update(public_times(q, k, v, dout, bias == 0, args.reps))
+                row.update(public_times(q, k, v, dout, bias, args.reps))
             rows.append(row)
             print(f"{kind:<15} {s:>6} {b:>3} | {t['ours mask']:>9.3f} {t[stock + ' mask']:>14.3f} "
                   f"{t['ours causal']:>11.3f} {t['cudnn causal']:>12.3f} | "
@@ -190,10 +198,11 @@ def main():
                   f"{'  tiles ' + str(row['tile_classes']) if args.classes else ''}",
                   flush=True)
             if args.public:
-                print(f"{'':<15} {'':>6} {'':>3} | public fwd+bwd, bool mask: drop-in "
-                      f"{row['dropin mask fwdbwd']:.3f}, F.sdpa {row['F.sdpa mask fwdbwd']:.3f} "
-                      f"({row['F.sdpa mask fwdbwd'] / row['dropin mask fwdbwd']:.2f}x), "
-                      f"F.sdpa is_causal {row['F.sdpa causal fwdbwd']:.3f}", flush=True)
+                print(f"{'':<15} {'':>6} {'':>3} | public fwd+bwd, drop-in / F.sdpa: bool mask "
+                      f"{row['dropin mask fwdbwd']:.3f} / {row['F.sdpa mask fwdbwd']:.3f}, "
+                      f"bias {row['dropin bias fwdbwd']:.3f} / {row['F.sdpa bias fwdbwd']:.3f}, "
+                      f"is_causal {row['dropin causal fwdbwd']:.3f} / "
+                      f"{row['F.sdpa causal fwdbwd']:.3f}", flush=True)
             del bias, stock_mask, ours_mask, o_m, lse_m
         del q, k, v, dout, causal_run, ours_causal
         torch.cuda.empty_cache()
