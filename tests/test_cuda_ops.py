@@ -35,6 +35,33 @@ def test_sdpa_forward_matches_fp64(dtype, heads, is_causal, seqlens):
     torch.testing.assert_close(lse.double(), scores.logsumexp(-1), atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
+def test_drop_in_unmasked_forward_is_stocks_own_choice(monkeypatch, heads, is_causal):
+    """Without a mask the drop-in's forward is the kernel stock SDPA picks for the call (cuDNN
+    on SM90 with torch 2.11; FlashAttention-2 where stock prefers it): the output equals
+    F.scaled_dot_product_attention's bitwise, and cuDNN ran exactly where stock picks it."""
+    from torch_sm90_sdpa import api, ops
+
+    q, k, v = (t.requires_grad_() for t in make_qkv(2, heads[0], heads[1], 512, 512, 128,
+                                                    dtype=torch.bfloat16, device="cuda",
+                                                    layout="bshd"))
+    gqa = heads[0] != heads[1]
+    reason = api._unservable_reason(q, k, v, None, 0.0, gqa, is_causal, None)
+    if reason is not None:
+        pytest.skip(f"the drop-in does not serve this call here: {reason}")
+    picks_cudnn = ops._stock_picks_cudnn(q, k, v, is_causal, 128 ** -0.5)
+    ran = []
+    real = ops._cudnn_forward
+    monkeypatch.setattr(ops, "_cudnn_forward", lambda *a: ran.append(real(*a)) or ran[-1])
+    out = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
+                                                       enable_gqa=gqa)
+    assert "EagerSdpa" in type(out.grad_fn).__name__
+    assert len(ran) == 1 and (ran[0] is not None) == picks_cudnn
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=gqa)
+    assert torch.equal(out, want)
+
+
 def test_sdpa_fake_matches_real_on_cuda():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -138,9 +138,10 @@ class TestSdpaOp:
         torch.library.opcheck(sdpa.default, (q, k, v, is_causal, 0.2, True))
 
     def test_masked_forward_picks_cudnn_only_where_torch_allows(self, monkeypatch):
-        """The CUDA forward's cuDNN choice (ops._cudnn_forward) declines without asking torch
-        for calls it keeps off cuDNN (no mask with Dv == D, FlashAttention-2's; a mask with
-        is_causal; is_causal with Sq != Sk and no mask), asks torch for a masked call, with the
+        """The CUDA forward's cuDNN choice (ops._cudnn_forward) declines without asking
+        can_use_cudnn_attention for calls it keeps off cuDNN (a mask with is_causal; is_causal
+        with Sq != Sk and no mask) or decides by stock's own choice (no mask, Dv == D: the
+        test below), asks torch for a masked call, with the
         mask as a 4-D bias of q's dtype, and for an unmasked one with Dv != D, and declines
         where torch says no (here CPU tensors; a CUDA build of torch without a driver raises
         from the check, which counts as no), or where the check or cuDNN raises. The GPU suite
@@ -175,6 +176,29 @@ class TestSdpaOp:
 
         monkeypatch.setattr(torch.backends.cuda, "can_use_cudnn_attention", refuse)
         assert ops._cudnn_forward(q, k, v, False, 0.25, mask) is None
+
+    def test_unmasked_forward_takes_cudnn_where_stock_picks_it(self, monkeypatch):
+        """An unmasked call with Dv == D asks stock SDPA's own backend choice
+        (ops._stock_picks_cudnn), except is_causal with Sq != Sk (the causal alignment), and
+        takes cuDNN only where stock picks it; here (CPU tensors) stock picks its CPU kernel,
+        and where the choice says cuDNN, cuDNN itself refuses CPU tensors: None either way.
+        The GPU suite checks the drop-in's forward on cuDNN (tests/test_cuda_ops.py)."""
+        from torch_sm90_sdpa import ops
+
+        q, k, v = make_qkv(1, 4, 2, 16, 16, 16, dtype=torch.bfloat16)
+        assert not ops._stock_picks_cudnn(q, k, v, True, 0.25)
+        asked = []
+        monkeypatch.setattr(ops, "_stock_picks_cudnn",
+                            lambda *a: asked.append(a[3]) or picks)
+        picks = False
+        assert ops._cudnn_forward(q, k, v, True, 0.25, None) is None
+        assert ops._cudnn_forward(q, k, v, False, 0.25, None) is None
+        assert asked == [True, False]
+        assert ops._cudnn_forward(q[:, :, :8], k, v, True, 0.25, None) is None  # Sq != Sk
+        assert len(asked) == 2
+        picks = True
+        assert ops._cudnn_forward(q, k, v, True, 0.25, None) is None  # cuDNN: no CPU kernel
+        assert asked == [True, False, True]
 
     def test_backward_runs_our_op(self):
         """The backward of sdpa is sdpa_backward, seen by the dispatcher."""

@@ -211,12 +211,24 @@ def _efficient_bias(bias: Tensor, q: Tensor, k: Tensor) -> Tensor:
     return expand_mask(bias, q.size(0), q.size(1), q.size(2), k.size(2))
 
 
+def _stock_picks_cudnn(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float) -> bool:
+    """Whether stock SDPA would run cuDNN's fused forward for this unmasked call: torch's own
+    choice (its priority order, the user's backend switches, what each kernel takes). With
+    torch 2.11 and cuDNN >= 9.15 on SM90 that is cuDNN, whose forward ran 1.6-1.9x
+    FlashAttention-2's at d128, 2k / 8k keys (benchmarks/bench_fwd.py, H100); elsewhere it may
+    be FlashAttention-2, which _stock_forward then runs, as stock would."""
+    choice = torch.ops.aten._fused_sdp_choice(q, k, v, None, 0.0, is_causal, scale=scale,
+                                             enable_gqa=q.size(1) != k.size(1))
+    return choice == int(torch.nn.attention.SDPBackend.CUDNN_ATTENTION)
+
+
 def _cudnn_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float,
                    attn_mask) -> Optional[tuple[Tensor, Tensor]]:
-    """(out, lse [B, Hq, Sq]) from cuDNN's fused forward for a masked CUDA call, or an unmasked
-    one with Dv != D (FlashAttention-2 needs Dv == D; is_causal only with Sq == Sk, where the
-    alignment of the causal mask does not matter), or None where torch says cuDNN cannot take
-    it (torch.backends.cuda.can_use_cudnn_attention: the user's
+    """(out, lse [B, Hq, Sq]) from cuDNN's fused forward for a masked CUDA call, an unmasked
+    one where stock SDPA picks cuDNN itself (_stock_picks_cudnn), or an unmasked one with
+    Dv != D (FlashAttention-2 needs Dv == D); is_causal without a mask only with Sq == Sk,
+    where the alignment of the causal mask does not matter. None where torch says cuDNN
+    cannot take it (torch.backends.cuda.can_use_cudnn_attention: the user's
     backend switches, dtype, head dim, mask layout; a mask combined with is_causal, which
     stock SDPA never passes, stays on the memory-efficient kernel). This is the forward
     stock SDPA picks for a masked call on Hopper, and it takes GQA natively; the
@@ -225,9 +237,18 @@ def _cudnn_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
     A bool mask becomes a 0 / -inf bias of q's dtype (not torch's 0 / -65504 for cuDNN), so
     that a row without visible keys gets out = 0, as in every other SDPA backend, and the
     backward (which takes the user's mask) agrees with the forward."""
+    stock_choice = False
     if attn_mask is None:
-        if v.size(-1) == q.size(-1) or (is_causal and q.size(2) != k.size(2)):
+        if is_causal and q.size(2) != k.size(2):
             return None
+        if v.size(-1) == q.size(-1):
+            try:
+                if not _stock_picks_cudnn(q, k, v, is_causal, scale):
+                    return None
+            except RuntimeError as e:
+                log.debug("sdpa forward: no stock backend choice (%s)", e)
+                return None
+            stock_choice = True
         bias = None
     elif is_causal:
         return None
@@ -241,9 +262,10 @@ def _cudnn_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
     # cuDNN can refuse a graph it was offered): the memory-efficient kernel then serves the
     # call, with the same semantics (rows without keys give 0; the backward takes the mask).
     try:
-        params = torch.backends.cuda.SDPAParams(q, k, v, bias, 0.0, is_causal, gqa)
-        if not torch.backends.cuda.can_use_cudnn_attention(params, False):
-            return None
+        if not stock_choice:  # (stock's choice has checked cuDNN's conditions)
+            params = torch.backends.cuda.SDPAParams(q, k, v, bias, 0.0, is_causal, gqa)
+            if not torch.backends.cuda.can_use_cudnn_attention(params, False):
+                return None
         res = torch.ops.aten._scaled_dot_product_cudnn_attention(
             q, k, v, bias, True, 0.0, is_causal, False, scale=scale
         )
@@ -316,7 +338,8 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
             )
             out, lse = res[0], res[1][:, :, : q.size(2)]
         else:
-            # FA2 handles Hq a multiple of Hkv natively; its lse is [B, Hq, Sq] fp32.
+            # FlashAttention-2, where stock picks it for an unmasked call (or cuDNN declined).
+            # It handles Hq a multiple of Hkv natively; its lse is [B, Hq, Sq] fp32.
             res = torch.ops.aten._scaled_dot_product_flash_attention(
                 q, k, v, 0.0, is_causal, False, scale=scale
             )
