@@ -151,7 +151,6 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
   // per chunk: its keys of a finite fill hidden (FwdFillRows; additive masks only)
   static_assert(!kFill || kKind != MaskKind::kBool, "a boolean mask has no fill");
   __shared__ __align__(16) unsigned char s_fill[kClassifyWarps][kFill ? kMaxChunks : 1];
-  constexpr bool track_fill = kFill;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wpt = a.warps_per_tile;
   const int slot = warp / wpt, part = warp % wpt;  // the tile in this CTA, this warp's share
@@ -250,7 +249,7 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
       const int i = (r << cpr_shift) + col;
       if (q >= a.seqlen_q) {  // padding rows: P = 0 there whatever the class
         s_bits[slot][i] = 0;
-        if (track_fill) s_fill[slot][i] = 0;
+        if constexpr (kFill) s_fill[slot][i] = 0;
         continue;
       }
       // the chunk's keys inside the key tail and the causal cut: the first `in_range`
@@ -269,7 +268,7 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
         }
       }
       visible &= range;
-      if (track_fill) s_fill[slot][i] = static_cast<unsigned char>(fill & range);
+      if constexpr (kFill) s_fill[slot][i] = static_cast<unsigned char>(fill & range);
       any_visible |= visible != 0;
       all_full &= (visible & zero) == 0xFFu;
       binary &= (visible & ~zero) == 0;  // hidden, or visible with nothing added
@@ -382,6 +381,17 @@ __global__ void __launch_bounds__(kRangeWarps * 32)
   if (lane == 0) tile_m_range[row] = lo < hi ? make_int2(lo, hi) : make_int2(0, 0);
 }
 
+// A float mask's classification: with the forward's fill flags (kFill) or without.
+template <MaskKind kKind>
+void launch_float_classify(bool fill_rows, dim3 grid, int threads, cudaStream_t stream,
+                           const ClassifyArgs& a) {
+  if (fill_rows) {
+    mask_classify_kernel<kKind, true><<<grid, threads, 0, stream>>>(a);
+  } else {
+    mask_classify_kernel<kKind><<<grid, threads, 0, stream>>>(a);
+  }
+}
+
 }  // namespace
 
 void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRows* fill) {
@@ -441,25 +451,13 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRow
       mask_classify_kernel<MaskKind::kBool><<<grid, kClassifyThreads, 0, stream>>>(a);
       break;
     case MaskKind::kFloat16:
-      if (fill_rows) {
-        mask_classify_kernel<MaskKind::kFloat16, true><<<grid, kClassifyThreads, 0, stream>>>(a);
-      } else {
-        mask_classify_kernel<MaskKind::kFloat16><<<grid, kClassifyThreads, 0, stream>>>(a);
-      }
+      launch_float_classify<MaskKind::kFloat16>(fill_rows, grid, kClassifyThreads, stream, a);
       break;
     case MaskKind::kBFloat16:
-      if (fill_rows) {
-        mask_classify_kernel<MaskKind::kBFloat16, true><<<grid, kClassifyThreads, 0, stream>>>(a);
-      } else {
-        mask_classify_kernel<MaskKind::kBFloat16><<<grid, kClassifyThreads, 0, stream>>>(a);
-      }
+      launch_float_classify<MaskKind::kBFloat16>(fill_rows, grid, kClassifyThreads, stream, a);
       break;
     case MaskKind::kFloat32:
-      if (fill_rows) {
-        mask_classify_kernel<MaskKind::kFloat32, true><<<grid, kClassifyThreads, 0, stream>>>(a);
-      } else {
-        mask_classify_kernel<MaskKind::kFloat32><<<grid, kClassifyThreads, 0, stream>>>(a);
-      }
+      launch_float_classify<MaskKind::kFloat32>(fill_rows, grid, kClassifyThreads, stream, a);
       break;
     default:
       return;
