@@ -210,8 +210,9 @@ def _run_decided(reason, query, key, value, attn_mask, dropout_p, is_causal, sca
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
             is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
         )
-    if key.shape[1] != 0 and _empty_cuda_call(query, key, value, attn_mask, dropout_p,
-                                              enable_gqa):
+    q_shape, k_shape, v_shape = query.shape, key.shape, value.shape
+    if (k_shape[1] != 0 and (0 in q_shape or 0 in k_shape or 0 in v_shape)
+            and _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa)):
         # stock's refusals of the arguments (nothing to compute; with no key head stock
         # of torch 2.11 divides by zero even in its forward)
         with torch.no_grad():
