@@ -105,13 +105,13 @@ def _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa) -> boo
     kernel runs, the op gives the empty result (out 0, zero gradients) in every grad mode and
     for any head dim, after stock's forward has had its say on the arguments (it runs there).
     Stock SDPA of torch 2.11 fails in its backward on such calls ("'NoneType' object is not
-    iterable" at batch 0, or a division by zero that ends the process)."""
-    if not _is_4d_tensors(query, key, value) or query.device.type != "cuda" or \
+    iterable" at batch 0, or a division by zero that ends the process). q / k / v: 4-D tensors
+    (the callers have checked); the zero size, rare, is tested first."""
+    q_shape, k_shape, v_shape = query.shape, key.shape, value.shape
+    if not (0 in q_shape or 0 in k_shape or 0 in v_shape) or query.device.type != "cuda" or \
             query.dtype not in KERNEL_DTYPES or dropout_p != 0.0:
         return False
-    q_shape, k_shape, v_shape = query.shape, key.shape, value.shape
-    return ((0 in q_shape or 0 in k_shape or 0 in v_shape)
-            and v_shape[3] == q_shape[3]
+    return (v_shape[3] == q_shape[3]
             and (enable_gqa or q_shape[1] == k_shape[1])
             and (attn_mask is None or (isinstance(attn_mask, torch.Tensor)
                                        and attn_mask.dtype in MASK_DTYPES
@@ -210,9 +210,8 @@ def _run_decided(reason, query, key, value, attn_mask, dropout_p, is_causal, sca
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
             is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
         )
-    q_shape, k_shape, v_shape = query.shape, key.shape, value.shape
-    if (k_shape[1] != 0 and (0 in q_shape or 0 in k_shape or 0 in v_shape)
-            and _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa)):
+    if key.shape[1] != 0 and _empty_cuda_call(query, key, value, attn_mask, dropout_p,
+                                              enable_gqa):
         # stock's refusals of the arguments (nothing to compute; with no key head stock
         # of torch 2.11 divides by zero even in its forward)
         with torch.no_grad():
