@@ -160,6 +160,8 @@ def main():
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, d={d}, h={h}, "
           f"kv heads {hkv}; backward ms (median)")
     stock = args.stock
+    fill = {"inf": float("-inf"), "cudnn": -65504.0,
+            "min": torch.finfo(torch.bfloat16).min}[args.fill]
     stock_masked = cudnn_backward if stock == "cudnn" else efficient_backward
     print(f"{'mask':<15} {'s':>6} {'b':>3} | {'ours mask':>9} {stock + ' mask':>14} "
           f"{'ours causal':>11} {'cuDNN causal':>12} | {stock + '/ours':>14} {'mask/causal':>11}")
@@ -171,8 +173,6 @@ def main():
         causal_run, (o_c, lse_c) = cudnn_backward(q, k, v, dout, None, True, scale)
         ours_causal = ours_backward(q, k, v, dout, None, True, scale, o_c, lse_c)
         for kind in args.kinds.split(","):
-            fill = {"inf": float("-inf"), "cudnn": -65504.0,
-                    "min": torch.finfo(torch.bfloat16).min}[args.fill]
             bias = make_bias(kind, b, h, s, fill)
             stock_mask, (o_m, lse_m) = stock_masked(q, k, v, dout, bias, False, scale)
             ours_mask = ours_backward(q, k, v, dout, bias, False, scale, o_m, lse_m)
