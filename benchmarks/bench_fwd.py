@@ -2,7 +2,7 @@
 stock SDPA's fused forwards, in one process on the same inputs, interleaved, synchronized per
 call, median of the repeats.
 
-Columns per row (bf16, BSHD memory viewed as BHSD, 16k tokens per batch: b = 16384 / s):
+Columns per row (bf16 unless --dtype fp16, BSHD memory viewed as BHSD, 16k tokens per batch: b = 16384 / s):
   ours          sdpa_forward, is_causal or full, with TORCH_SM90_SDPA_FWD_OVERLAP=0 (the kernel
                 that runs each block in turn)
   ours_overlap  the same with TORCH_SM90_SDPA_FWD_OVERLAP=1 (softmax overlapping P V: the
@@ -27,7 +27,7 @@ Columns per row (bf16, BSHD memory viewed as BHSD, 16k tokens per batch: b = 163
 TFLOP/s count the visible half under causal masking: 4 * b * hq * s^2 * d (/ 2).
 
     python benchmarks/bench_fwd.py [--dims 64,128] [--seqs 512,2048,8192,16384] [--reps 20]
-                                   [--json OUT]
+                                   [--dtype bf16|fp16] [--json OUT]
 """
 import argparse
 import json

@@ -121,17 +121,14 @@ FWD_TILES: Dict[int, FwdTile] = {
     192: FwdTile(block_m=128, block_n=64, stages=2),
     256: FwdTile(block_m=128, block_n=64, stages=2),
 }
-# Chosen by ptxas (nvcc 13.0, sm_90a; the four kernels: in-turn / overlap x dense / masked) and
-# shared memory (Q 128 x D, K and V block_n x D per stage, 227 KB at most):
-# d96 keeps d64 / d128's 128 x 128 x 2 (121 KB): no spill except 8 B stored (40 B loaded) in
-#   the overlap masked kernel (d128's spills 20 B there; both only in the additive-bias path).
-# d192: 128 keys and 2 stages need 240 KB; 64 keys and 2 stages (145 KB) spill nothing in any
-#   kernel, where 128 keys and 1 stage (also 145 KB, no K / V prefetch) spill 232 B in the
-#   overlap masked kernel.
-# d256: O is 128 fp32 registers per thread; 64 keys and 2 stages (193 KB) spill nothing except
-#   108 B stored (100 B loaded) in the overlap masked kernel, all from its additive-bias path
-#   (none with that compiled out); 128 keys and 1 stage spill 168 B even in the overlap dense
-#   kernel.
+# Chosen by ptxas (nvcc 13.0, sm_90a; the four kernels: in-turn / overlap x dense / masked, none
+# spilling with these tiles) and shared memory (Q 128 x D, K and V block_n x D per stage, 227 KB
+# at most); docs/FORWARD.md ("Tiles") has the table:
+# d96 keeps d64 / d128's 128 x 128 x 2 (121 KB).
+# d192: 128 keys and 2 stages need 240 KB; 64 keys and 2 stages take 145 KB, where 128 keys and
+#   1 stage (also 145 KB, no K / V prefetch) spill 232 B in the overlap masked kernel.
+# d256: O is 128 fp32 registers per thread; 64 keys and 2 stages take 193 KB; 128 keys and
+#   1 stage spill 168 B even in the overlap dense kernel.
 # A masked kernel's key block divides kFwdTile (128): 64-key blocks read half of a classified
 # tile (fwd_kernel.h, block_class).
 

@@ -266,7 +266,7 @@ def render(runs=None) -> str:
                   "under causal masking), bf16, 16k tokens per batch; the mask columns take the "
                   "causal mask as a bool [B, 1, S, S] tensor (ours and cuDNN) or as a bias of 0 "
                   "and the dtype's minimum (ours). The `sdpa` op and the drop-in run ours for "
-                  "boolean masks only; the compile route's forward speed gate reads "
+                  "boolean masks and bf16 / fp32 additive masks broadcast over heads; the compile route's forward speed gate reads "
                   "the files `speed_table_runs.txt` lists (`FORWARD_ROWS`: cuDNN's masked "
                   "time over ours for a mask that hides nothing, tools/speed_table.py).", ""]
         for path in fwd:

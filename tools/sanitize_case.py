@@ -1,4 +1,4 @@
-"""Small backward calls for compute-sanitizer (memcheck / racecheck) on the GPU machine:
+"""Small backward and forward calls for compute-sanitizer (memcheck / racecheck) on the GPU machine:
     compute-sanitizer --tool racecheck python3 tools/sanitize_case.py
 MHA and GQA epilogues, both tile families, masked calls (bool and additive masks, with
 empty, partial and full tiles, broadcast over heads and batch), and the deterministic mode

@@ -9,7 +9,7 @@
   double backward with a clear error.
 - ``torch.ops.torch_sm90_sdpa.sdpa(q, k, v, is_causal=False, scale=None, enable_gqa=False,
   attn_mask=None) -> (out, lse)``: forward through the SM90 forward kernel for a call with a
-  boolean mask it serves on CUDA (it skips the tiles the mask hides, where the stock fused
+  boolean mask, or a bf16 / fp32 additive one broadcast over heads, it serves on CUDA (it skips the tiles the mask hides, where the stock fused
   forwards apply a mask densely), else through the stock fused forward (or, where stock SDPA runs no fused
   kernel, e.g. an empty size, the reference forward); backward through ``sdpa_backward``.
 

@@ -157,12 +157,13 @@ def enable(cpu: bool = False, only_faster: bool = True,
     nodes (:mod:`torch_sm90_sdpa.causal_masks`): they become ``is_causal=True`` calls.
     ``forward=True`` also replaces SDPA forward nodes by ``sdpa_forward`` together with their
     backward (:mod:`torch_sm90_sdpa.forward_pass`), where both are routed (on CUDA with
-    ``only_faster``: cuDNN forwards with a boolean mask, where cuDNN's masked forward measured
+    ``only_faster``: cuDNN forwards with a boolean mask, or a bf16 / fp32 additive one
+    broadcast over heads, where cuDNN's masked forward measured
     slower than ours), in training and in forward-only graphs; ``forward=False`` keeps every
     forward node on stock and routes backward nodes only. ``forward=None`` (the default) is
     ``only_faster``: forward nodes are routed where the forward's speed gate passes, and
     ``only_faster=False`` alone does not put every forward on our kernel (unmasked, ours runs
-    0.61-0.93x of cuDNN's forward).
+    0.61-0.92x of cuDNN's forward).
     Idempotent; passes the user set as ``post_grad_custom_post_pass`` /
     ``joint_custom_pre_pass`` before keep running after ours. Call it before the first
     ``torch.compile``: a warning is logged when Dynamo already compiled code in this process,

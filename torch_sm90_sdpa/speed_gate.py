@@ -319,7 +319,7 @@ def forward_faster_than_stock(call: AttentionForwardCall) -> Decision:
         return _no(R_SLOWER_FORWARD, f"the {call.backend} forward: ours was measured against "
                                      "cuDNN's only; enable(only_faster=False) routes it anyway")
     if call.mask is None:
-        return _no(R_SLOWER_FORWARD, "unmasked: cuDNN's forward measured faster (ours 0.61-0.93x "
+        return _no(R_SLOWER_FORWARD, "unmasked: cuDNN's forward measured faster (ours 0.61-0.92x "
                                      "on an H100); enable(only_faster=False) routes it anyway")
     slower = None if call.mask.dtype == torch.bool else additive_mask_slower_forward(call.mask)
     if slower is not None:
