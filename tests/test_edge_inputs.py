@@ -93,3 +93,106 @@ def test_compile_route_with_empty_sizes(name):
         grads.append([loss.detach()] + [t.grad for t in leaves])
     for ours, stock in zip(grads[1], grads[0]):
         torch.testing.assert_close(ours, stock)
+
+
+def _sdpa_op_out(q, k, v, attn_mask=None, enable_gqa=False):
+    return torch.ops.torch_sm90_sdpa.sdpa(q, k, v, False, None, enable_gqa, attn_mask)[0]
+
+
+ENTRY_POINTS = {"drop-in": torch_sm90_sdpa.scaled_dot_product_attention, "sdpa op": _sdpa_op_out}
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("layout", ["dense", "gqa", "dv"])
+def test_rows_of_finite_fill_only_get_uniform_weights(entry, layout):
+    """A row whose every key carries a huge finite fill (transformers' additive masks) gets
+    SDPA's uniform weights, its out the mean of v, also where the op's forward is the reference
+    (GQA with grad, Dv != D): normalizing by exp(lse), whose log(Sk) rounds away next to the
+    fill, gave the sum of v (and the reference backward Sk times dV). Gradients against float64
+    softmax math within 1e-4 (fp32 inputs); stock's CPU flash backward, which F.sdpa runs here
+    also for float64, normalizes by exp(lse) and is Sk times off on such rows."""
+    g = torch.Generator().manual_seed(7)
+    hkv = 1 if layout == "gqa" else 2
+    dv = 3 if layout == "dv" else 4
+    q = torch.randn(1, 2, 3, 4, generator=g)
+    k = torch.randn(1, hkv, 8, 4, generator=g)
+    v = torch.randn(1, hkv, 8, dv, generator=g)
+    for fill in (torch.finfo(torch.float32).min, -1e6):
+        mask = torch.zeros(3, 8)
+        mask[1] = fill  # row 1: every key filled
+        mask[2, 5:] = fill
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = ENTRY_POINTS[entry](*leaves, attn_mask=mask, enable_gqa=layout == "gqa")
+        gqa = layout == "gqa"
+        ref = F.scaled_dot_product_attention(*(t.double() for t in (q, k, v)),
+                                             attn_mask=mask.double(), enable_gqa=gqa)
+        stock = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        # (-1e6 rounds the scores to 1/16 in fp32: stock's own error)
+        assert (out.double() - ref).abs().max() <= 2 * (stock.double() - ref).abs().max() + 1e-5
+        if fill < -1e30:  # the scores vanish next to the fill: uniform weights
+            torch.testing.assert_close(out[0, :, 1],
+                                       v[0].mean(-2).repeat_interleave(2 // hkv, 0))
+            grad_out = torch.randn(out.shape, generator=g)
+            ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+            qd, kd, vd = ref_leaves
+            kd, vd = (t.repeat_interleave(2 // hkv, 1) for t in (kd, vd))
+            probs = torch.softmax(qd @ kd.transpose(-1, -2) / 2.0 + mask.double(), dim=-1)
+            ref = probs @ vd  # (scale 1 / sqrt(4))
+            for ours, want in zip(torch.autograd.grad(out, leaves, grad_out),
+                                  torch.autograd.grad(ref, ref_leaves, grad_out.double())):
+                torch.testing.assert_close(ours.double(), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp32_mask_with_half_inputs_keeps_its_values(entry, dtype):
+    """An fp32 additive mask with fp16 / bf16 q / k / v keeps values past the half dtype's range
+    (1e5 is inf in fp16, fp32's minimum -inf in both), as stock SDPA does."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=g).to(dtype) for _ in range(3))
+    mask = torch.zeros(4, 4)
+    mask[0, 1] = 1e5
+    mask[1] = torch.finfo(torch.float32).min
+    mask[2, 2:] = torch.finfo(torch.float32).min
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = ENTRY_POINTS[entry](*leaves, attn_mask=mask)
+    stock = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    ref = F.scaled_dot_product_attention(*(t.double() for t in (q, k, v)), attn_mask=mask.double())
+    assert out.isfinite().all()
+    assert (out.double() - ref).abs().max() <= 2 * (stock.double() - ref).abs().max() + 1e-2
+
+
+def test_no_query_head_gives_zero_gradients():
+    """Hq = 0 with key heads (enable_gqa): out empty, zero dK / dV as stock gives, through the
+    drop-in and the op (the reference backward's group of 0 q heads failed a reshape)."""
+    q = torch.randn(1, 0, 2, 4)
+    k, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    for fn in ENTRY_POINTS.values():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves, enable_gqa=True)
+        assert out.shape == (1, 0, 2, 4)
+        dq, dk, dv = torch.autograd.grad(out.sum(), leaves, allow_unused=True)
+        assert dq.shape == q.shape
+        assert dk.shape == k.shape and not dk.any() and dv.shape == v.shape and not dv.any()
+
+
+def test_expanded_query_with_another_v_head_dim():
+    """q broadcast over heads (stride 0) with Dv != D: out keeps a contiguous last dim, so the
+    op's backward takes the op's own out (it refused it, and a compiled graph failed)."""
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(1, 1, 3, 4, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64)
+    v = torch.randn(1, 2, 3, 8, generator=g, dtype=torch.float64)
+    out, lse = torch.ops.torch_sm90_sdpa.sdpa(base.expand(1, 2, 3, 4), k, v, False, None, False,
+                                              None)
+    assert out.stride(-1) == 1
+    grad_out = torch.randn_like(out)
+    dq, dk, dv = torch.ops.torch_sm90_sdpa.sdpa_backward(
+        grad_out, base.expand(1, 2, 3, 4), k, v, out, lse, False, None, False, None)
+    leaves = [t.clone().requires_grad_() for t in (base, k, v)]
+    ref = F.scaled_dot_product_attention(leaves[0].expand(1, 2, 3, 4), leaves[1], leaves[2])
+    torch.testing.assert_close(out, ref.detach())
+    ref_dq, ref_dk, ref_dv = torch.autograd.grad(ref, leaves, grad_out)
+    torch.testing.assert_close(dq.sum(1, keepdim=True), ref_dq)
+    torch.testing.assert_close(dk, ref_dk)
+    torch.testing.assert_close(dv, ref_dv)

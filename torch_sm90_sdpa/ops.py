@@ -292,10 +292,11 @@ def _cpu_stock_mask(attn_mask, q: Tensor):
 
 def _empty_out(q: Tensor, head_dim_v: int) -> Tensor:
     """An uninitialized out [B, Hq, Sq, Dv] laid out like q: torch.empty_like(q) when Dv == D,
-    else q's dims in q's stride order (outermost first; ties keep the logical order)."""
+    else q's outer dims in q's stride order (outermost first; ties keep the logical order) and
+    the last dim innermost (a dim q broadcasts with stride 0 would sort below it)."""
     if head_dim_v == q.size(-1):
         return torch.empty_like(q)
-    order = sorted(range(q.dim()), key=lambda d: (-q.stride(d), d))
+    order = sorted(range(q.dim() - 1), key=lambda d: (-q.stride(d), d)) + [q.dim() - 1]
     return torch.empty_permuted((*q.shape[:-1], head_dim_v), order, dtype=q.dtype,
                                 device=q.device)
 
@@ -308,10 +309,15 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
         out, lse = attention_forward_reference(q, k, v, is_causal, scale, attn_mask)
     elif q.device.type == "cpu":
         mask = _cpu_stock_mask(attn_mask, q)
-        # the CPU flash kernel only where stock SDPA would pick it for this call
+        # the CPU flash kernel only where stock SDPA would pick it for this call, and not for
+        # a float mask of another dtype than q's (an fp32 mask with fp16 / bf16 q): the kernel
+        # reads the mask in q's dtype, where values past its range overflow (1e5 to inf in
+        # fp16, fp32's minimum to -inf), and stock SDPA keeps them; the reference reads fp32
         choice = torch.ops.aten._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, scale=scale,
                                                  enable_gqa=enable_gqa)
-        if choice == int(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        mask_cast = (attn_mask is not None and attn_mask.dtype != torch.bool
+                     and attn_mask.dtype != q.dtype)
+        if choice == int(torch.nn.attention.SDPBackend.FLASH_ATTENTION) and not mask_cast:
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
             )

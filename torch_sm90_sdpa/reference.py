@@ -73,8 +73,13 @@ def attention_forward_reference(
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         lseb = torch.logsumexp(scores, dim=-1)  # -inf where a row sees no key
-        finite = torch.where(torch.isfinite(lseb), lseb, torch.zeros_like(lseb))
-        probs = torch.exp(scores - finite.unsqueeze(-1))
+        # normalized by the row's sum, not by exp(lse): where every key of a row carries a
+        # huge finite fill (transformers' additive masks: the dtype's minimum) lse rounds to
+        # the fill, log(Sk) lost, and exp(scores - lse) would sum to Sk instead of 1
+        row_max = scores.amax(dim=-1, keepdim=True)
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        probs = torch.exp(scores - row_max)
+        probs = probs / probs.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(math_dtype).tiny)
         probs = probs.masked_fill((lseb == float("-inf")).unsqueeze(-1), 0.0)
         out[b].copy_(torch.matmul(probs, vb))
         lse[b].copy_(lseb)
@@ -104,8 +109,8 @@ def attention_backward_reference(
     heads_kv, seqlen_k = k.size(1), k.size(2)
     if dq.numel() + dk.numel() + dv.numel() == 0:
         return dq, dk, dv
-    if seqlen_q == 0 or seqlen_k == 0 or heads_kv == 0:
-        # No query sees any key: every gradient is zero.
+    if seqlen_q == 0 or seqlen_k == 0 or heads_kv == 0 or heads_q == 0:
+        # No query sees any key (or there is no query head): every gradient is zero.
         return dq.zero_(), dk.zero_(), dv.zero_()
 
     group = heads_q // heads_kv
@@ -131,6 +136,9 @@ def attention_backward_reference(
         probs = torch.exp(scores - lseb)
         if mask is not None:
             probs = probs.masked_fill(~mask, 0.0)
+        # rows normalized (a no-op up to rounding for the forward's lse), as the forward's: a
+        # row whose every key carries a huge finite fill has an lse that lost its log(Sk)
+        probs = probs / probs.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(math_dtype).tiny)
         dvb = torch.matmul(probs.transpose(-1, -2), dob)  # [Hq, Sk, Dv]
         dprobs = torch.matmul(dob, vb.transpose(-1, -2))  # [Hq, Sq, Sk]
         delta = (dob * ob).sum(dim=-1, keepdim=True)  # [Hq, Sq, 1] = rowsum(dO * O)
