@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_sm90_sdpa
+from torch_sm90_sdpa.reference import causal_mask
 from sdpa_cases import check_case, random_cases
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -196,3 +197,24 @@ def test_expanded_query_with_another_v_head_dim():
     torch.testing.assert_close(dq.sum(1, keepdim=True), ref_dq)
     torch.testing.assert_close(dk, ref_dk)
     torch.testing.assert_close(dv, ref_dv)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_op_lse_is_minus_inf_where_a_row_sees_no_key(is_causal, dtype):
+    """The op's lse is -inf for a query that sees no key (its docstring), also where its CPU
+    forward is stock's flash kernel, which writes 0 there; out is 0 and the rest is stock's."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=g).to(dtype) for _ in range(3))
+    mask = torch.rand(2, 1, 5, 5, generator=g) > 0.3
+    mask[0, 0, 1] = False  # row 1 of batch 0: no key
+    mask[1, 0, 2, :3] = False  # under is_causal row 2 of batch 1 sees no key either
+    out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, is_causal, None, False, mask)
+    keep = mask & causal_mask(5, 5, "cpu") if is_causal else mask
+    scores = (q.double() @ k.double().transpose(-1, -2) / 8 ** 0.5).masked_fill(~keep, float("-inf"))
+    want = scores.logsumexp(-1)
+    dead = ~keep.any(-1).expand(2, 2, 5)
+    assert dead[0, :, 1].all() and (dead[1, :, 2].all() or not is_causal)
+    assert torch.equal(lse.isneginf(), dead)
+    torch.testing.assert_close(lse[~dead].double(), want[~dead], atol=1e-2, rtol=1e-3)
+    assert not out[dead].any()

@@ -46,7 +46,8 @@ from torch import Tensor
 
 from . import _extension, _validation, eligibility
 from ._cuda_backend import forward_unserved, sdpa_backward_python, sdpa_forward_cuda
-from .reference import attention_backward_reference, attention_forward_reference, expand_mask
+from .reference import (attention_backward_reference, attention_forward_reference, causal_mask,
+                        expand_mask)
 
 log = logging.getLogger("torch_sm90_sdpa")
 
@@ -290,6 +291,18 @@ def _cpu_stock_mask(attn_mask, q: Tensor):
     return mask.to(q.dtype) if mask is not None else None
 
 
+def _rows_without_key(bias: Tensor, q: Tensor, k: Tensor, is_causal: bool) -> Tensor:
+    """[B, Hq, Sq] bool: the rows whose every key the additive bias (broadcastable to [B, Hq,
+    Sq, Sk]) hides with -inf, or is_causal's cut (top-left) does."""
+    hidden = bias == float("-inf")
+    if is_causal:
+        hidden = hidden | ~causal_mask(q.size(2), k.size(2), q.device)
+    rows = hidden.all(dim=-1)
+    while rows.dim() < 3:
+        rows = rows.unsqueeze(0)
+    return rows.expand(q.shape[:3])
+
+
 def _empty_out(q: Tensor, head_dim_v: int) -> Tensor:
     """An uninitialized out [B, Hq, Sq, Dv] laid out like q: torch.empty_like(q) when Dv == D,
     else q's outer dims in q's stride order (outermost first; ties keep the logical order) and
@@ -321,6 +334,8 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
             )
+            if mask is not None:  # (the kernel gives lse 0 where a row sees no key)
+                lse = lse.masked_fill(_rows_without_key(mask, q, k, is_causal), float("-inf"))
         else:
             out, lse = attention_forward_reference(q, k, v, is_causal, scale, attn_mask)
     elif q.device.type == "cuda":
