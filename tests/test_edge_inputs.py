@@ -218,3 +218,17 @@ def test_op_lse_is_minus_inf_where_a_row_sees_no_key(is_causal, dtype):
     assert torch.equal(lse.isneginf(), dead)
     torch.testing.assert_close(lse[~dead].double(), want[~dead], atol=1e-2, rtol=1e-3)
     assert not out[dead].any()
+
+
+def test_no_key_head_with_a_mask_that_requires_grad():
+    """Hkv = 0 with a mask that requires grad: stock's result (out 0, zero gradients, the mask
+    left out of the graph), not the op's refusal of such a mask."""
+    q = torch.randn(1, 2, 3, 4, requires_grad=True)
+    k, v = (torch.randn(1, 0, 5, 4, requires_grad=True) for _ in range(2))
+    mask = torch.zeros(3, 5, requires_grad=True)
+    for is_causal in (False, True):
+        out = torch_sm90_sdpa.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
+        assert out.shape == (1, 2, 3, 4) and not out.any()
+        out.sum().backward()
+        assert not q.grad.any() and mask.grad is None

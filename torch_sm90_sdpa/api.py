@@ -220,6 +220,10 @@ def _run_decided(reason, query, key, value, attn_mask, dropout_p, is_causal, sca
                                            enable_gqa=enable_gqa)
     # A call we serve: the op checks it (bad input is reported naming the argument);
     # calls we do not serve went to stock SDPA untouched, which reports its own errors.
+    if key.shape[1] == 0 and isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
+        # no key head: out is 0 whatever the mask, and stock leaves the mask out of the graph
+        # (its grad stays None); the op takes no mask that requires grad
+        attn_mask = attn_mask.detach()
     query, key, value = _last_dim_dense(query), _last_dim_dense(key), _last_dim_dense(value)
     resolved_scale = resolve_scale(scale, query)
     if not compiling:
