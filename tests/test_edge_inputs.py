@@ -232,3 +232,18 @@ def test_no_key_head_with_a_mask_that_requires_grad():
         assert out.shape == (1, 2, 3, 4) and not out.any()
         out.sum().backward()
         assert not q.grad.any() and mask.grad is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+def test_op_takes_a_one_dimensional_mask(dtype):
+    """A [Sk] mask is broadcastable to [B, Hq, Sq, Sk]: the ops serve it (stock's CPU kernels
+    index its dim -2 and raised IndexError), with the result of the same mask as [1, Sk]."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 3 if i == 0 else 5, 4, generator=g) for i in range(3))
+    keep = torch.tensor([True, False, True, True, False])
+    mask = keep if dtype == torch.bool else torch.zeros(5).masked_fill(~keep, float("-inf"))
+    out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, False, None, False, mask)
+    want_out, want_lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, False, None, False, mask[None])
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(lse, want_lse)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None]))

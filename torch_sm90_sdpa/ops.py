@@ -322,6 +322,8 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
         out, lse = attention_forward_reference(q, k, v, is_causal, scale, attn_mask)
     elif q.device.type == "cpu":
         mask = _cpu_stock_mask(attn_mask, q)
+        if mask is not None and mask.dim() < 2:  # a [Sk] mask: stock's kernels index dim -2
+            mask = mask.view(1, -1)
         # the CPU flash kernel only where stock SDPA would pick it for this call, and not for
         # a float mask of another dtype than q's (an fp32 mask with fp16 / bf16 q): the kernel
         # reads the mask in q's dtype, where values past its range overflow (1e5 to inf in
