@@ -9,9 +9,10 @@
   double backward with a clear error.
 - ``torch.ops.torch_sm90_sdpa.sdpa(q, k, v, is_causal=False, scale=None, enable_gqa=False,
   attn_mask=None) -> (out, lse)``: forward through the SM90 forward kernel for a call with a
-  boolean mask, or a bf16 / fp32 additive one broadcast over heads, it serves on CUDA (it skips the tiles the mask hides, where the stock fused
-  forwards apply a mask densely), else through the stock fused forward (or, where stock SDPA runs no fused
-  kernel, e.g. an empty size, the reference forward); backward through ``sdpa_backward``.
+  boolean mask, or a bf16 / fp32 additive one broadcast over heads, it serves on CUDA (it
+  skips the tiles the mask hides, where the stock fused forwards apply a mask densely), else
+  through the stock fused forward (or, where stock SDPA runs no fused kernel, e.g. an empty
+  size, the reference forward); backward through ``sdpa_backward``.
 
 - ``torch.ops.torch_sm90_sdpa.sdpa_forward(q, k, v, is_causal=False, scale=None,
   enable_gqa=False, attn_mask=None) -> (out, lse)``: ``sdpa`` with the SM90 forward kernel on
@@ -321,18 +322,19 @@ def _stock_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: floa
     if _no_work(q, k, v):
         out, lse = attention_forward_reference(q, k, v, is_causal, scale, attn_mask)
     elif q.device.type == "cpu":
-        mask = _cpu_stock_mask(attn_mask, q)
-        if mask is not None and mask.dim() < 2:  # a [Sk] mask: stock's kernels index dim -2
-            mask = mask.view(1, -1)
         # the CPU flash kernel only where stock SDPA would pick it for this call, and not for
         # a float mask of another dtype than q's (an fp32 mask with fp16 / bf16 q): the kernel
         # reads the mask in q's dtype, where values past its range overflow (1e5 to inf in
         # fp16, fp32's minimum to -inf), and stock SDPA keeps them; the reference reads fp32
-        choice = torch.ops.aten._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, scale=scale,
-                                                 enable_gqa=enable_gqa)
-        mask_cast = (attn_mask is not None and attn_mask.dtype != torch.bool
-                     and attn_mask.dtype != q.dtype)
-        if choice == int(torch.nn.attention.SDPBackend.FLASH_ATTENTION) and not mask_cast:
+        flash, mask = False, None
+        if attn_mask is None or attn_mask.dtype in (torch.bool, q.dtype):
+            mask = _cpu_stock_mask(attn_mask, q)
+            if mask is not None and mask.dim() < 2:  # a [Sk] mask: stock's kernels index dim -2
+                mask = mask.view(1, -1)
+            flash = torch.ops.aten._fused_sdp_choice(
+                q, k, v, mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa
+            ) == int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+        if flash:
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
             )

@@ -72,17 +72,17 @@ def attention_forward_reference(
             scores = scores + mask_bias(full_mask[b], math_dtype)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        lseb = torch.logsumexp(scores, dim=-1)  # -inf where a row sees no key
         # normalized by the row's sum, not by exp(lse): where every key of a row carries a
         # huge finite fill (transformers' additive masks: the dtype's minimum) lse rounds to
-        # the fill, log(Sk) lost, and exp(scores - lse) would sum to Sk instead of 1
+        # the fill, log(Sk) lost, and exp(scores - lse) would sum to Sk instead of 1. A row
+        # that sees no key sums to 0: probabilities 0, lse -inf.
         row_max = scores.amax(dim=-1, keepdim=True)
         row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
         probs = torch.exp(scores - row_max)
-        probs = probs / probs.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(math_dtype).tiny)
-        probs = probs.masked_fill((lseb == float("-inf")).unsqueeze(-1), 0.0)
+        row_sum = probs.sum(dim=-1, keepdim=True)
+        probs = probs / row_sum.clamp_min(torch.finfo(math_dtype).tiny)
         out[b].copy_(torch.matmul(probs, vb))
-        lse[b].copy_(lseb)
+        lse[b].copy_((row_max + torch.log(row_sum)).squeeze(-1))
     return out, lse
 
 
