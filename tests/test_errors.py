@@ -155,6 +155,18 @@ def test_drop_in_refuses_what_stock_refuses_in_every_grad_mode(case):
     assert outcomes[0] == outcomes[1]
 
 
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no grad", "grad"])
+def test_drop_in_refuses_key_and_value_of_different_lengths(gqa, grad):
+    """Stock SDPA takes value shorter than key without a word (on CPU its flash kernel reads
+    past value's end, and its backward with enable_gqa=True corrupts the heap): the drop-in
+    names the mismatch instead, in every grad mode (stock is not called here)."""
+    q, k, v = make_qkv(1, 4, 2 if gqa else 4, 8, 8, 16, dtype=torch.float32)
+    args = [t.detach().requires_grad_(grad) for t in (q, k, v[:, :, :6])]
+    with pytest.raises(ValueError, match=r"value: expected sequence length 8 like key .* got 6"):
+        torch_sm90_sdpa.scaled_dot_product_attention(*args, enable_gqa=gqa)
+
+
 def test_sdpa_op_takes_scale_none_as_one_over_sqrt_d():
     q, k, v = make_qkv(2, 4, 2, 6, 7, 8, dtype=torch.float64)
     out, lse = sdpa(q, k, v, False, None, True)

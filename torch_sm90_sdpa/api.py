@@ -179,7 +179,8 @@ def scaled_dot_product_attention(
     """Drop-in for ``F.scaled_dot_product_attention`` whose backward runs on our kernels.
 
     query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, Dv]; Hq % Hkv == 0 with
-    ``enable_gqa=True``. ``scale=None`` means ``1 / sqrt(D)``. attn_mask: a bool mask (True =
+    ``enable_gqa=True``. A value of another length than key's raises ValueError (stock SDPA
+    does not check it). ``scale=None`` means ``1 / sqrt(D)``. attn_mask: a bool mask (True =
     attend) or an additive float mask (fp32 / fp16 / bf16) broadcastable to [B, Hq, Sq, Sk]; its
     backward skips the tiles the mask hides, and so does its forward (our SM90 forward kernel)
     for a bool mask and a bf16 / fp32 additive mask broadcast over heads; other masks take stock
@@ -192,6 +193,12 @@ def scaled_dot_product_attention(
     kernel's deterministic mode (bitwise-repeatable gradients). On CPU the backward is the fp32 reference: correct,
     but slower than stock (it is there for tests and for checking the route).
     """
+    if _is_4d_tensors(query, key, value) and key.shape[2] != value.shape[2]:
+        # stock SDPA does not check this: its CPU flash kernel reads value with key's length,
+        # past its end, and its backward with enable_gqa=True corrupts the heap
+        raise ValueError(
+            f"value: expected sequence length {key.shape[2]} like key (dim 2), got "
+            f"{value.shape[2]}")
     reason = _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal,
                                 scale)
     return _run_decided(reason, query, key, value, attn_mask, dropout_p, is_causal, scale,
