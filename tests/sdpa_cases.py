@@ -28,7 +28,8 @@ sdpa_backward_op = torch.ops.torch_sm90_sdpa.sdpa_backward
 
 MASK_KINDS = ("none", "bool [Sq, Sk]", "bool [B, 1, Sq, Sk]", "bool key padding [B, 1, 1, Sk]",
               "bool per head [B, Hq, Sq, Sk]", "bool rows without keys", "bool all masked",
-              "additive fp32 with -inf", "additive query dtype [B, 1, Sq, Sk]")
+              "additive fp32 with -inf", "additive query dtype [B, 1, Sq, Sk]",
+              "additive dtype minimum, left padding [B, 1, Sq, Sk]")
 LAYOUTS = ("bhsd", "bshd", "last dim stride 2")
 
 # The op's documented limits where stock SDPA takes the call (message fragments): its
@@ -132,6 +133,14 @@ def make_inputs(case: Case, device) -> tuple[torch.Tensor, torch.Tensor, torch.T
     elif kind == "additive query dtype [B, 1, Sq, Sk]":
         keep = torch.rand(b, 1, sq, sk, generator=g) > 0.3
         mask = torch.zeros(b, 1, sq, sk).masked_fill(~keep, float("-inf")).to(case.dtype)
+    elif kind == "additive dtype minimum, left padding [B, 1, Sq, Sk]":
+        # transformers' form: causal, the first keys of each sequence padding, the minimum of
+        # the query's dtype as fill (bf16: rows of the fill only, which SDPA weighs uniformly)
+        pad = torch.randint(0, sk + 1, (b, 1, 1, 1), generator=g)
+        j, i = torch.arange(sk).view(1, 1, 1, sk), torch.arange(sq).view(1, 1, sq, 1)
+        keep = (j >= pad) & (j <= i)
+        mask = torch.zeros(b, 1, sq, sk, dtype=case.dtype).masked_fill(
+            ~keep, torch.finfo(case.dtype).min)
     else:
         raise ValueError(kind)
     return q, k, v, mask.to(device) if mask is not None else None
@@ -196,6 +205,32 @@ def _run_autograd(fn, q, k, v, grad_out):
     grads = torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
     grads = tuple(torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves))
     return out.detach(), grads
+
+
+def run_reference(q, k, v, mask, case, grad_out=None):
+    """(out, grads) of SDPA's math in float64, with autograd: a row without a visible key gives
+    0 and zero gradients, as the fused kernels (the math path gives NaN there), and a row whose
+    every key carries a huge finite fill gets uniform weights (the fused CPU kernel's backward
+    is Sk times off there, its lse having lost log(Sk) next to the fill). Empty sizes: stock's
+    answer (run_stock)."""
+    if 0 in q.shape or 0 in k.shape or 0 in v.shape:
+        return run_stock(q, k, v, mask, case, grad_out)
+    scale = case.scale if case.scale is not None else default_scale(q.size(-1))
+
+    def attention(q, k, v):
+        group = q.size(1) // k.size(1)
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        s = q @ k.transpose(-1, -2) * scale
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+        if case.is_causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        top = s.amax(-1, keepdim=True).detach()
+        e = torch.exp(s - top.masked_fill(top == float("-inf"), 0.0))
+        total = e.sum(-1, keepdim=True)
+        return (e / total.masked_fill(total == 0, 1.0)) @ v
+
+    return _run_autograd(attention, q, k, v, grad_out)
 
 
 def outcome(fn):
@@ -279,14 +314,12 @@ def check_case(case: Case, device, entry_points=None, grad_mode: bool = True) ->
         if case.is_causal and mask is not None:
             ref_case, ref_mask = dataclasses.replace(case, is_causal=False), _with_causal(
                 mask, case, q.dtype)
-        # on the CPU: its fused float64 kernel gives rows without a visible key 0 (the CUDA
-        # math path gives them NaN)
         q64, k64, v64 = (t.to(device="cpu", dtype=torch.float64) for t in (q, k, v))
         if ref_mask is not None:
             ref_mask = ref_mask.to(device="cpu", dtype=torch.float64
                                    if ref_mask.is_floating_point() else ref_mask.dtype)
-        ref = run_stock(q64, k64, v64, ref_mask, ref_case,
-                        go.to(device="cpu", dtype=torch.float64) if go is not None else None)
+        ref = run_reference(q64, k64, v64, ref_mask, ref_case,
+                            go.to(device="cpu", dtype=torch.float64) if go is not None else None)
         ref = (ref[0].to(q.device), None if ref[1] is None else
                tuple(g.to(q.device) for g in ref[1]))
     for name, fn in (entry_points or ENTRY_POINTS).items():
