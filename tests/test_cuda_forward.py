@@ -253,9 +253,7 @@ def test_finite_fill_rows_get_uniform_weights(kernel_kind):
     out, lse = sdpa_forward(q, k, v, False, None, False, mask)
     want_out, _ = reference_out_lse(q, k, v, mask, False, d ** -0.5)
     torch.testing.assert_close(out[:, :, 7].float(), v.float().mean(2), atol=2e-2, rtol=2e-2)
-    # (the reference's own row 7 is off: its lse loses log(Sk) next to the fill)
-    rows = [r for r in range(200) if r != 7]
-    torch.testing.assert_close(out[:, :, rows].double(), want_out[:, :, rows], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.double(), want_out, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")

@@ -67,7 +67,9 @@ def cudnn_fill(mask, dtype):
 
 def reference_out_lse(q, k, v, mask, is_causal, scale):
     """float64 (out, lse) with the mask (and the causal cut) applied; lse = -inf on rows that
-    see no key."""
+    see no key. Rows are normalized by their sum: where every key carries a huge finite fill
+    (the dtype's minimum) lse rounds to the fill, and exp(s - lse) would give 1 per key, not
+    SDPA's uniform weights."""
     g = q.size(1) // k.size(1)
     kk, vv = (t.double().repeat_interleave(g, 1) for t in (k, v))
     s = q.double() @ kk.transpose(-1, -2) * scale
@@ -77,9 +79,11 @@ def reference_out_lse(q, k, v, mask, is_causal, scale):
         s = s + mask.double()
     if is_causal:
         s = s.masked_fill(~causal_bool(q.size(2), k.size(2), DEV), float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - lse.masked_fill(lse == float("-inf"), float("inf"))[..., None])
-    return p @ vv, lse
+    top = s.amax(-1, keepdim=True)
+    e = torch.exp(s - top.masked_fill(top == float("-inf"), 0.0))
+    total = e.sum(-1, keepdim=True)
+    lse = (top + total.log()).squeeze(-1)  # (-inf where a row sees no key)
+    return (e / total.masked_fill(total == 0, 1.0)) @ vv, lse
 
 
 def stock_grads(q, k, v, dout, mask, is_causal, scale):
