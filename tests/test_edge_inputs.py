@@ -233,6 +233,20 @@ def test_no_key_head_with_a_mask_that_requires_grad():
         assert not q.grad.any() and mask.grad is None
 
 
+@pytest.mark.parametrize("heads_q", [0, 2])
+def test_no_key_head_with_a_float64_mask(heads_q):
+    """Hkv = 0 (and Hq = 0) with a float64 mask and inputs, which stock takes and the kernels
+    never read: the drop-in gives out 0 and zero gradients itself (it passed such calls to
+    stock, which ends the process with a division by zero before torch 2.13)."""
+    q = torch.randn(1, heads_q, 3, 4, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 0, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    mask = torch.zeros(1, 1, 3, 5, dtype=torch.float64)
+    out = torch_sm90_sdpa.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert out.shape == (1, heads_q, 3, 4) and not out.any()
+    out.sum().backward()
+    assert not q.grad.any() and k.grad.shape == k.shape
+
+
 @pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
 def test_op_takes_a_one_dimensional_mask(dtype):
     """A [Sk] mask is broadcastable to [B, Hq, Sq, Sk]: the ops serve it (stock's CPU kernels

@@ -123,11 +123,11 @@ def _unservable_reason(query, key, value, attn_mask, dropout_p, enable_gqa,
     four_d = _is_4d_tensors(query, key, value)
     if four_d and key.shape[1] == 0 and query.device.type in ("cpu", "cuda"):
         # No key head: every query sees no key (out 0, zero gradients). Served in every grad
-        # mode, with any mask, is_causal or dropout: stock SDPA before torch 2.13 ends the
-        # process here with a division by zero; the op gives what 2.13 gives.
-        if attn_mask is not None and (not isinstance(attn_mask, torch.Tensor) or
-                                      attn_mask.dtype not in MASK_DTYPES):
-            return "attn_mask of a dtype the kernels do not read"
+        # mode, with any mask stock takes (of any dtype it takes: the mask is not read),
+        # is_causal or dropout: stock SDPA before torch 2.13 ends the process here with a
+        # division by zero; the op gives what 2.13 gives.
+        if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+            return "attn_mask is not a tensor"
         return _stock_takes_differently(query, key, value, attn_mask, scale)
     if four_d and _empty_cuda_call(query, key, value, attn_mask, dropout_p, enable_gqa):
         return _stock_takes_differently(query, key, value, attn_mask, scale)
@@ -227,10 +227,11 @@ def _run_decided(reason, query, key, value, attn_mask, dropout_p, is_causal, sca
                                            enable_gqa=enable_gqa)
     # A call we serve: the op checks it (bad input is reported naming the argument);
     # calls we do not serve went to stock SDPA untouched, which reports its own errors.
-    if key.shape[1] == 0 and isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
-        # no key head: out is 0 whatever the mask, and stock leaves the mask out of the graph
-        # (its grad stays None); the op takes no mask that requires grad
-        attn_mask = attn_mask.detach()
+    if key.shape[1] == 0:
+        # no key head: out is 0 whatever the mask (_unservable_reason ran stock's checks of
+        # it), and stock leaves the mask out of the graph (its grad stays None); the op takes
+        # no mask that requires grad, nor one of a dtype its kernels do not read (float64)
+        attn_mask = None
     query, key, value = _last_dim_dense(query), _last_dim_dense(key), _last_dim_dense(value)
     resolved_scale = resolve_scale(scale, query)
     if not compiling:
