@@ -400,20 +400,31 @@ struct FwdKernel {
       } else {
         cut = n0 + kBlockN > seqlen_k || (is_causal && n0 + kBlockN - 1 > m0);
       }
+      // One branch per block, not per score: tested inside the loops, `cut` became a branch
+      // around every score's test (64 per block and thread at d128, most of the kernel's
+      // branches, each taken jump a fetch bubble).
+      if (!scaled) {
+        if (cut) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            int const row = m0 + get<0>(cS(r, 0));
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < size<1>(S); ++c) {
+              int const col = n0 + get<1>(cS(r, c));
+              bool const hidden = col >= seqlen_k || (is_causal && col > row);
+              S(r, c) = hidden ? -INFINITY : S(r, c) * scale_log2;
+            }
+          }
+        } else {
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(S); ++i) { S(i) *= scale_log2; }
+        }
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < kRows; ++r) {
         float mx = -INFINITY;
         CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < size<1>(S); ++c) {
-          float s = scaled ? S(r, c) : S(r, c) * scale_log2;
-          if (cut) {
-            int const row = m0 + get<0>(cS(r, c));
-            int const col = n0 + get<1>(cS(r, c));
-            if (col >= seqlen_k || (is_causal && col > row)) { s = -INFINITY; }
-          }
-          S(r, c) = s;
-          mx = fmaxf(mx, s);
-        }
+        for (int c = 0; c < size<1>(S); ++c) { mx = fmaxf(mx, S(r, c)); }
         float const new_max = fmaxf(row_max[r], quad_max(mx));
         // a row that has seen no visible key yet keeps exp2(-inf - 0) = 0 everywhere
         float const m_use = new_max == -INFINITY ? 0.f : new_max;
