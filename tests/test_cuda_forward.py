@@ -86,6 +86,31 @@ def test_forward_matches_fp64_within_stock_error(head_dim, dtype, is_causal, cas
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
 @pytest.mark.parametrize("head_dim,dtype", VARIANTS)
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 0.02, 1.5])
+@pytest.mark.parametrize("mask", [None, "bool"])
+def test_forward_takes_any_scale(head_dim, dtype, scale, mask, kernel_kind):
+    """The kernel folds the scale into the exponent after the row max, which needs scale > 0:
+    sdpa_forward_cuda hands it -q for a negative scale and zero scores for scale 0."""
+    torch.manual_seed(int(scale * 10) + head_dim)
+    q, k, v = make_qkv(1, 4, 2, 300, 300, head_dim, dtype=dtype, device="cuda", layout="bshd")
+    keep = None
+    if mask == "bool":  # causal, with a hidden band: every kind of tile
+        i = torch.arange(300, device="cuda")
+        keep = (i[None, :] <= i[:, None]) & ((i[:, None] - i[None, :]) % 97 < 80)
+    out, lse = sdpa_forward(q, k, v, keep is None, scale, True, keep)
+    want_out, want_lse = (_reference(q, k, v, True, scale) if keep is None
+                          else reference_out_lse(q, k, v, keep, False, scale))
+    stock = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=keep is None,
+                                           scale=scale, enable_gqa=True)
+    err, stock_err = _err(out, want_out), _err(torch.nan_to_num(stock.double()), want_out)
+    assert err <= 2 * stock_err + 1e-3, (err, stock_err)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse.double()[finite], want_lse[finite], atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+@pytest.mark.parametrize("head_dim,dtype", VARIANTS)
 def test_forward_is_bitwise_repeatable(head_dim, dtype, kernel_kind):
     q, k, v = make_qkv(2, 8, 2, 777, 1500, head_dim, dtype=dtype, device="cuda", layout="bshd")
     first = sdpa_forward(q, k, v, True, None, True)

@@ -303,6 +303,10 @@ def sdpa_forward_cuda(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: f
     C = _module()
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    if not scale > 0:
+        # the kernel takes scale > 0 (it folds the scale into the exponent after the row max):
+        # scale * q k = (-scale) * (-q) k, and scale 0 gives what zero scores give (both exact)
+        q, scale = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
     p = C.FwdParams()
     p.batch, p.heads_q, p.seqlen_q, p.head_dim = q.size(0), q.size(1), q.size(2), q.size(3)
     p.heads_kv, p.seqlen_k = k.size(1), k.size(2)

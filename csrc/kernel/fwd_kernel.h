@@ -347,7 +347,7 @@ struct FwdKernel {
             uint32_t word = words[0];
             CUTLASS_PRAGMA_UNROLL
             for (int w = 1; w < kBlockRowWords; ++w) { word = col >= 32 * w ? words[w] : word; }
-            S(r, c) = (word >> (col % 32)) & 1u ? S(r, c) * scale_log2 : -INFINITY;
+            S(r, c) = (word >> (col % 32)) & 1u ? S(r, c) : -INFINITY;  // (unscaled)
           }
         }
         return;
@@ -395,7 +395,7 @@ struct FwdKernel {
         unsigned char const cls = block_class(params, classes, n);
         if (cls != kTileFull) {
           mask_scores(S, n, cls);
-          scaled = true;
+          scaled = cls != kTilePartialBits;  // the element path adds the bias in the log2 domain
         }
       } else {
         cut = n0 + kBlockN > seqlen_k || (is_causal && n0 + kBlockN - 1 > m0);
@@ -403,29 +403,26 @@ struct FwdKernel {
       // One branch per block, not per score: tested inside the loops, `cut` became a branch
       // around every score's test (64 per block and thread at d128, most of the kernel's
       // branches, each taken jump a fetch bubble).
-      if (!scaled) {
-        if (cut) {
+      if (!scaled && cut) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          int const row = m0 + get<0>(cS(r, 0));
           CUTLASS_PRAGMA_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            int const row = m0 + get<0>(cS(r, 0));
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < size<1>(S); ++c) {
-              int const col = n0 + get<1>(cS(r, c));
-              bool const hidden = col >= seqlen_k || (is_causal && col > row);
-              S(r, c) = hidden ? -INFINITY : S(r, c) * scale_log2;
-            }
+          for (int c = 0; c < size<1>(S); ++c) {
+            int const col = n0 + get<1>(cS(r, c));
+            if (col >= seqlen_k || (is_causal && col > row)) { S(r, c) = -INFINITY; }
           }
-        } else {
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(S); ++i) { S(i) *= scale_log2; }
         }
       }
+      // S's factor into the log2 domain, folded into the exponent's FFMA: the max of S times
+      // a factor > 0 (the host makes scale > 0: sdpa_forward_cuda) is the factor times S's max
+      float const mul = scaled ? 1.f : scale_log2;
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < kRows; ++r) {
         float mx = -INFINITY;
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < size<1>(S); ++c) { mx = fmaxf(mx, S(r, c)); }
-        float const new_max = fmaxf(row_max[r], quad_max(mx));
+        float const new_max = fmaxf(row_max[r], quad_max(mx) * mul);
         // a row that has seen no visible key yet keeps exp2(-inf - 0) = 0 everywhere
         float const m_use = new_max == -INFINITY ? 0.f : new_max;
         correction[r] = exp2_ftz(row_max[r] - m_use);
@@ -433,7 +430,7 @@ struct FwdKernel {
         float sum = 0.f;
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < size<1>(S); ++c) {
-          float const p = exp2_ftz(S(r, c) - m_use);
+          float const p = exp2_ftz(fmaf(S(r, c), mul, -m_use));
           S(r, c) = p;
           sum += p;
         }
