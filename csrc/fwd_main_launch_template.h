@@ -1,8 +1,9 @@
 // Definition of run_fwd_main<DType, D> (declared in fwd_main_launch.h) and of its launcher
 // launch_fwd_main<DType, D, kOverlap, kMasked> (FwdParams::overlap and mask_kind pick): with a
 // mask, runs the mask classification on the forward's tiles first; then builds the TMA
-// descriptors and launches the SM90 forward kernel, one CTA per (query block, q head, batch)
-// (with a float mask and overlap, two kernels share the query blocks).
+// descriptors and launches the SM90 forward kernel over the (query block, q head, batch) tiles:
+// one persistent CTA per SM (FwdParams::persistent), else one CTA per tile (with a float mask
+// and overlap, two kernels share the query blocks).
 // Included by the generated csrc/instantiations/fwd_main_<dtype>_hdim<D>.cu.
 #pragma once
 
@@ -86,12 +87,18 @@ void launch_fwd_main(const FwdParams& params, const FwdMaskTiles& tiles, cudaStr
   p.v_batch_stride = detail::tma_stride(p.v_batch_stride, p.batch);
   p.v_head_stride = detail::tma_stride(p.v_head_stride, p.heads_kv);
   p.v_row_stride = detail::tma_stride(p.v_row_stride, p.seqlen_k);
-  typename Kernel::Params kparams = Kernel::to_params(p, tiles.tile_class, tiles.tile_bits, tiles.block_elements);
+  int64_t const num_tiles = int64_t((p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM) * p.heads_q * p.batch;
+  bool const persistent = p.persistent && p.num_sms > 0 && num_tiles > p.num_sms;
+  // Persistent CTAs take their tiles in a fixed order: longest first where tiles differ (the
+  // causal cut, a mask). One CTA per tile: the hardware hands the next to the first free SM.
+  bool const longest_first = persistent && (p.is_causal || kMasked);
+  typename Kernel::Params kparams =
+      Kernel::to_params(p, longest_first, tiles.tile_class, tiles.tile_bits, tiles.block_elements);
 
   auto kernel_fn = kernel::fwd_main_kernel<Kernel>;
   int const smem_size = Kernel::kSharedStorageSize;
   detail::set_smem_attribute_once(kernel_fn, smem_size);
-  dim3 const grid((p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM, p.heads_q, p.batch);
+  dim3 const grid(static_cast<unsigned>(persistent ? p.num_sms : num_tiles));
   kernel_fn<<<grid, Kernel::kNumThreads, smem_size, stream>>>(kparams);
   detail::check_cuda(cudaGetLastError(), "forward kernel launch");
 }

@@ -26,6 +26,10 @@ struct FwdParams {
   // (FwdKernel's kOverlap); set unless TORCH_SM90_SDPA_FWD_OVERLAP=0 (_cuda_backend.py).
   // Unmasked and boolean-mask calls only: a float mask runs the in-turn kernel regardless.
   bool overlap = false;
+  // one CTA per SM (num_sms) walking the tiles, the next tile's loads under the last one's
+  // epilogue; set unless TORCH_SM90_SDPA_FWD_PERSISTENT=0 (_cuda_backend.py). Else, or with
+  // no more tiles than SMs, one CTA per tile.
+  bool persistent = false;
 
   // ---- inputs: [B, H, S, D] views, element strides, last dim contiguous ----
   const void* q = nullptr;  // [B, Hq, Sq, D]
@@ -58,7 +62,7 @@ struct FwdParams {
   // the classification's output, fwd_mask_workspace_bytes() bytes of device memory (no need to
   // zero it): tile classes, m-block ranges (unused by the forward) and visibility bits
   void* mask_workspace = nullptr;
-  int num_sms = 0;  // multiprocessors of the device (the classification's grid)
+  int num_sms = 0;  // multiprocessors of the device (the classification's and persistent grids)
 };
 
 // Query rows and keys of a tile of the mask classification's grid for the forward: every

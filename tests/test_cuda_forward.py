@@ -359,3 +359,46 @@ def test_masked_forward_is_bitwise_repeatable_and_sdpa_takes_it(kernel_kind):
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     dropin = torch_sm90_sdpa.scaled_dot_product_attention(*leaves, attn_mask=mask, enable_gqa=True)
     assert torch.equal(dropin.detach(), out)
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+@pytest.mark.parametrize("head_dim,dtype", _one_dtype_per_head_dim())
+@pytest.mark.parametrize("kind", [None, "causal", "padding left", "rows without keys",
+                                  "bf16-min fill, padding left"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_persistent_ctas_give_what_one_cta_per_tile_gives(kind, is_causal, head_dim, dtype,
+                                                          kernel_kind, monkeypatch):
+    """More tiles than SMs (288 on 132: three rounds, the second dealt backward, the last
+    partial): persistent CTAs (FwdParams::persistent), longest first where causal or masked,
+    compute each tile as one CTA per tile does, bitwise, and within stock's error of float64.
+    Masks with query blocks that see no key (left padding under the causal cut) and a fill
+    whose rows of fill only send some query blocks to the second kernel of the pair."""
+    b, hq, hkv, s = 2, 16, 4, 1100
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert b * hq * -(-s // 128) > sms
+    if kind is None:
+        if (head_dim, dtype) not in [(d, _DTYPES[dt]) for d, dt in _built()]:
+            pytest.skip(f"no forward kernel for d{head_dim} {dtype}")
+        torch.manual_seed(3)
+        q, k, v = make_qkv(b, hq, hkv, s, s, head_dim, dtype=dtype, device="cuda", layout="bshd")
+        mask = None
+        out, lse = sdpa_forward(q, k, v, is_causal, None, True)
+        want_out, want_lse = _reference(q, k, v, is_causal, head_dim ** -0.5)
+        stock = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+        assert _err(out, want_out) <= 2 * _err(stock, want_out) + 1e-3
+        torch.testing.assert_close(lse.double(), want_lse, atol=2e-3, rtol=1e-4)
+    elif kind.startswith("bf16-min fill"):
+        keep = make_mask("padding left", b, hq, s, s, dtype)
+        q, k, v, _, out_bool, lse_bool = _check_masked("padding left", b, hq, hkv, s, s, head_dim,
+                                                       dtype, is_causal=is_causal, mask=keep)
+        mask = torch.zeros(keep.shape, dtype=torch.bfloat16, device="cuda").masked_fill(
+            ~keep, torch.finfo(torch.bfloat16).min)
+        out, lse = sdpa_forward(q, k, v, is_causal, None, True, mask)
+        seen = lse_bool > float("-inf")
+        torch.testing.assert_close(out[seen], out_bool[seen])
+    else:
+        q, k, v, mask, out, lse = _check_masked(kind, b, hq, hkv, s, s, head_dim, dtype,
+                                                is_causal=is_causal)
+    monkeypatch.setenv("TORCH_SM90_SDPA_FWD_PERSISTENT", "0")
+    one_per_tile = sdpa_forward(q, k, v, is_causal, None, True, mask)
+    assert torch.equal(one_per_tile[0], out) and torch.equal(one_per_tile[1], lse)

@@ -7,7 +7,8 @@ bias (the score-bound pass of the classification), three calls of more tiles tha
 TORCH_SM90_SDPA_PERSISTENT=1 in the environment, CTAs that take several tiles; d256's epilogue
 stores through the dQ staging tile), and three full calls whose last partial wave is split
 into pieces (TORCH_SM90_SDPA_SPLIT_TAIL=1, set here: fragments of tiles, their fp32 sums and
-counts), and the forward kernel (sdpa_forward) on fifteen calls, two or more per head dim,
+counts), and the forward kernel (sdpa_forward) on eighteen calls (three of more tiles than SMs:
+persistent CTAs), two or more per head dim,
 masked ones included (three with a bias of 0 / bf16's minimum and rows that see only that
 fill: query blocks of the overlap and of the in-turn kernel in one call) (the masked backward cases of head dims with a forward kernel also run it,
 through `sdpa`), each with both forward kernels (TORCH_SM90_SDPA_FWD_OVERLAP 0 and 1). The GQA
@@ -116,7 +117,11 @@ FWD_CASES = [(1, 4, 2, 130, 77, 64, True, None), (1, 2, 2, 300, 300, 128, False,
              # the clamped fill hidden, rows of fill only: blocks of both kernels in one call
              (2, 4, 2, 300, 300, 128, False, "transformers-fill bias [B,1,S,S]"),
              (2, 4, 2, 260, 260, 64, False, "transformers-fill bias [B,1,S,S]"),
-             (2, 4, 2, 300, 333, 192, True, "transformers-fill bias [B,1,S,S]")]
+             (2, 4, 2, 300, 333, 192, True, "transformers-fill bias [B,1,S,S]"),
+             # more tiles than SMs: persistent CTAs take several (the next tile's Q loaded
+             # under the last one's epilogue), longest first; a fill's two kernels
+             (2, 16, 4, 1100, 1100, 128, True, None), (2, 16, 4, 1100, 1100, 64, False, None),
+             (2, 16, 4, 1100, 1100, 128, False, "transformers-fill bias [B,1,S,S]")]
 has_fwd = getattr(_extension.load(), "has_fwd_variant", None)
 for (b, hq, hkv, sq, sk, d, causal, kind), overlap in [(c, o) for c in FWD_CASES for o in "01"]:
     if has_fwd is None or not has_fwd(d, _extension.dtype_code(torch.bfloat16)):

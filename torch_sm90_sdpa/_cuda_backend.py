@@ -317,6 +317,9 @@ def sdpa_forward_cuda(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: f
     # kernel by default: in bench_fwd (d64-d256, 2k / 8k keys; H100, 2eb58ab / 50b2d61) it was
     # level with the in-turn one at d64 2k and 3-18% faster on every other row
     p.overlap = os.environ.get("TORCH_SM90_SDPA_FWD_OVERLAP", "1") != "0"
+    # persistent CTAs, one per SM (FwdParams::persistent; read per call, an A/B switch too)
+    p.persistent = os.environ.get("TORCH_SM90_SDPA_FWD_PERSISTENT", "1") != "0"
+    p.num_sms = _num_sms(q.device)
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         setattr(p, name, t.data_ptr())
         setattr(p, f"{name}_batch_stride", t.stride(0))
@@ -333,7 +336,6 @@ def sdpa_forward_cuda(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: f
          p.mask_col_stride) = view.stride()
         p.mask_batch = q.size(0) if view.stride(0) != 0 else 1
         p.mask_heads = q.size(1) if view.stride(1) != 0 else 1
-        p.num_sms = _num_sms(q.device)
         nbytes = C.fwd_mask_workspace_bytes(p.mask_batch, p.mask_heads, q.size(2), k.size(2))
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
         p.mask_workspace = workspace.data_ptr()

@@ -1,4 +1,6 @@
-// The SM90 attention-forward kernel: one CTA per (query block, q head, batch), warp-specialized.
+// The SM90 attention-forward kernel: tiles of one (query block, q head, batch), warp-specialized;
+// persistent CTAs (one per SM) walk the tiles in a fixed order (FwdKernel::tile_at), the
+// producer loading the next tile's Q and K / V while the MMA warpgroups finish the last one.
 //
 //   producer warp      : Q_i once, then K_j and V_j for every key block j the block sees, last
 //                        to first, through two TMA pipelines (K and V apart: S = Q K^T starts
@@ -135,6 +137,8 @@ struct FwdKernel {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> smem_k;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> smem_v;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    // the MMA threads' S = Q K^T of a tile are complete: sQ may take the next tile's Q
+    alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;
     alignas(16) typename PipelineKV::SharedStorage pipeline_k;
     alignas(16) typename PipelineKV::SharedStorage pipeline_v;
   };
@@ -152,6 +156,9 @@ struct FwdKernel {
     float* lse;
     int64_t lse_batch_stride, lse_head_stride;
     int seqlen_q, seqlen_k, qhead_per_khead;
+    // the tiles: num_m_blocks x Hq x B of them (tile_at); longest_first: query-block major
+    int num_m_blocks;
+    bool longest_first;
     float scale_log2;
     bool is_causal;
     // ---- kMasked only ----
@@ -170,7 +177,7 @@ struct FwdKernel {
 
   // p: strides already fit for TMA (launch_fwd_main); tile_class / tile_bits: the
   // classification's output in p.mask_workspace (null without a mask)
-  static Params to_params(FwdParams const& p, unsigned char const* tile_class = nullptr,
+  static Params to_params(FwdParams const& p, bool longest_first, unsigned char const* tile_class = nullptr,
                           uint32_t const* tile_bits = nullptr, unsigned char const* block_elements = nullptr) {
     auto gmem = [](void const* ptr, int s, int h, int b, int64_t rs, int64_t hs, int64_t bs) {
       return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
@@ -195,6 +202,8 @@ struct FwdKernel {
         p.seqlen_q,
         p.seqlen_k,
         p.heads_q / p.heads_kv,
+        (p.seqlen_q + kBlockM - 1) / kBlockM,
+        longest_first,
         p.scale_log2,
         p.is_causal,
         p.mask_kind,
@@ -236,6 +245,53 @@ struct FwdKernel {
     return n;
   }
 
+  // ---- the tiles: (m_block, q head, batch), num_tiles of them ----
+  struct Tile {
+    int m_block, bidh, bidb;
+  };
+  CUTE_DEVICE static int num_tiles(Params const& params) {
+    return params.num_m_blocks * get<2>(params.shape_q) * get<3>(params.shape_q);
+  }
+  // Tile t of the order, query blocks last to first (the blocks under the causal cut that see
+  // the most keys first):
+  //  * longest_first (causal or masked): query-block major, every (q head, batch) of a query
+  //    block before the next (longest-processing-time first over the whole grid);
+  //  * else (equal tiles): (q head, batch) major, so the CTAs running together read the same
+  //    heads' K / V from L2.
+  CUTE_DEVICE static Tile tile_at(Params const& params, int t) {
+    int const M = params.num_m_blocks;
+    int const H = get<2>(params.shape_q);
+    int const HB = H * get<3>(params.shape_q);
+    int m, bh;
+    if (params.longest_first) {
+      m = t / HB;
+      bh = t - m * HB;
+    } else {
+      bh = t / M;
+      m = t - bh * M;
+    }
+    return {M - 1 - m, bh % H, bh / H};
+  }
+  // The k-th tile of this CTA (>= num_tiles: none left): round k of gridDim.x tiles, dealt to
+  // the CTAs forward in even rounds and backward in odd ones, so that over the rounds of a
+  // longest-first order every CTA gets about the same work. One CTA per tile (gridDim.x ==
+  // num_tiles): tile blockIdx.x.
+  CUTE_DEVICE static int cta_tile(int k) {
+    int const G = int(gridDim.x), i = int(blockIdx.x);
+    return k * G + ((k & 1) ? G - 1 - i : i);
+  }
+  // kMasked with block_elements: does this kernel of the pair run the tile (run_fwd_main)?
+  CUTE_DEVICE static bool runs_tile(Params const& params, Tile const& tile) {
+    if constexpr (kMasked) {
+      if (params.block_elements != nullptr) {
+        int64_t const inst = (params.mask_batch == 1 ? 0 : tile.bidb) * int64_t(params.mask_heads) +
+                             (params.mask_heads == 1 ? 0 : tile.bidh);
+        return (params.block_elements[inst * params.num_m_tiles + tile.m_block] != 0) == kReadsMaskElements;
+      }
+    }
+    return true;
+  }
+
   // The key blocks query block m_block sees: [0, n_end). Causal (top-left): keys up to the
   // block's last row.
   CUTE_DEVICE static int n_block_end(Params const& params, int m_block) {
@@ -244,8 +300,11 @@ struct FwdKernel {
     return (keys + kBlockN - 1) / kBlockN;
   }
 
+  // The producer's share of one tile, the CTA's iter-th (its K / V stages continue the last
+  // tile's: write_k, write_v).
   CUTE_DEVICE void load(Params const& params, SharedStorage& ss, PipelineKV& pipeline_k, PipelineKV& pipeline_v,
-                        int m_block, int bidh, int bidb, int n_end) {
+                        PipelineState& write_k, PipelineState& write_v, int iter, int m_block, int bidh, int bidb,
+                        int n_end) {
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), SmemLayoutKV{});
@@ -268,10 +327,9 @@ struct FwdKernel {
     Tensor tVsV = tma_v.partition_D(sV);
 
     using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
+    if (iter > 0) { ss.barrier_q_empty.wait((iter - 1) & 1); }  // the last tile's S are done
     ss.barrier_q.arrive_and_expect_tx(kTmaBytesQ);
     copy(params.tma_q.with(reinterpret_cast<BarrierT&>(ss.barrier_q), 0), tQgQ, tQsQ);
-    PipelineState write_k = cutlass::make_producer_start_state<PipelineKV>();
-    PipelineState write_v = cutlass::make_producer_start_state<PipelineKV>();
     unsigned char const* classes =
         kMasked ? params.tile_class + first_tile_index(params, m_block, bidh, bidb) : nullptr;
     CUTLASS_PRAGMA_NO_UNROLL
@@ -287,9 +345,11 @@ struct FwdKernel {
     }
   }
 
-  // The MMA warpgroups: the whole block, epilogue included. thread_idx: 0 .. kNumMmaThreads - 1.
+  // The MMA warpgroups' share of one tile, the CTA's iter-th, epilogue included (read_k,
+  // read_v: the K / V stages, continued from the last tile). thread_idx: 0 .. kNumMmaThreads - 1.
   CUTE_DEVICE void mma(Params const& params, SharedStorage& ss, PipelineKV& pipeline_k, PipelineKV& pipeline_v,
-                       int thread_idx, int m_block, int bidh, int bidb, int n_end) {
+                       PipelineState& read_k, PipelineState& read_v, int iter, int thread_idx, int m_block,
+                       int bidh, int bidb, int n_end) {
     TiledMmaS tiled_mma_s;
     TiledMmaO tiled_mma_o;
     auto thr_s = tiled_mma_s.get_thread_slice(thread_idx);
@@ -321,10 +381,11 @@ struct FwdKernel {
     int const seqlen_k = params.seqlen_k;
     bool const is_causal = params.is_causal;
     float const scale_log2 = params.scale_log2;
-    PipelineState read_k, read_v;
     int64_t const tile0 = kMasked ? first_tile_index(params, m_block, bidh, bidb) : 0;
     unsigned char const* classes = kMasked ? params.tile_class + tile0 : nullptr;
-    ss.barrier_q.wait(0);
+    ss.barrier_q.wait(iter & 1);
+    // every S = Q K^T of the tile is complete: the producer may load the next tile's Q
+    auto release_q = [&]() __attribute__((always_inline)) { ss.barrier_q_empty.arrive(); };
 
     // kMasked, a partial tile: S scaled into the log2 domain with the mask added (-inf where
     // hidden, the causal cut and the key tail included).
@@ -476,6 +537,7 @@ struct FwdKernel {
         gemm_pv(rP, cute::Int<0>{});
         release_v();
       }
+      release_q();
     } else {
       // Within the warpgroup, block n's softmax runs while the tensor cores add the previous
       // block's P V: S_n and P_{n+1} V_{n+1} are issued back to back, the wait for S_n leaves
@@ -503,9 +565,11 @@ struct FwdKernel {
           rescale_o();
           convert_fragment(tSrS, rP);
         }
+        release_q();
         gemm_pv(rP, cute::Int<0>{});
         release_v();
       }
+      if (kMasked && first < 0) { release_q(); }
     }
 
     // ---- epilogue: O / rowsum and lse, from registers ----
@@ -541,24 +605,13 @@ struct FwdKernel {
     SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_buf);
     int const warp_idx = cutlass::canonical_warp_idx_sync();
     int const warp_group_idx = cutlass::canonical_warp_group_idx();
-    // query blocks last to first: under causal masking the longest blocks start first
-    int const m_block = int(gridDim.x) - 1 - int(blockIdx.x);
-    int const bidh = blockIdx.y;
-    int const bidb = blockIdx.z;
-    int const n_end = n_block_end(params, m_block);
-    if constexpr (kMasked) {  // the other kernel of the pair runs this block (run_fwd_main)
-      if (params.block_elements != nullptr) {
-        int64_t const inst = (params.mask_batch == 1 ? 0 : bidb) * int64_t(params.mask_heads) +
-                             (params.mask_heads == 1 ? 0 : bidh);
-        if ((params.block_elements[inst * params.num_m_tiles + m_block] != 0) != kReadsMaskElements) { return; }
-      }
-    }
 
     if (warp_idx == 0 && cute::elect_one_sync()) {
       cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
       ss.barrier_q.init(1);
+      ss.barrier_q_empty.init(kNumMmaThreads);
     }
     using Category = typename PipelineKV::ThreadCategory;
     typename PipelineKV::Params pp;
@@ -570,15 +623,34 @@ struct FwdKernel {
     PipelineKV pipeline_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
     __syncthreads();  // barrier initialization visible to all
 
+    // Both roles walk the same tiles (cta_tile, tile_at, runs_tile); iter counts the ones run.
+    int const tiles = num_tiles(params);
     if (warp_group_idx == 0) {
       cutlass::arch::warpgroup_reg_dealloc<kLoadRegs>();
       if (warp_idx == 0 && cute::elect_one_sync()) {
-        load(params, ss, pipeline_k, pipeline_v, m_block, bidh, bidb, n_end);
+        PipelineState write_k = cutlass::make_producer_start_state<PipelineKV>();
+        PipelineState write_v = cutlass::make_producer_start_state<PipelineKV>();
+        int iter = 0;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int k = 0, t = cta_tile(0); t < tiles; t = cta_tile(++k)) {
+          Tile const tile = tile_at(params, t);
+          if (!runs_tile(params, tile)) { continue; }
+          load(params, ss, pipeline_k, pipeline_v, write_k, write_v, iter++, tile.m_block, tile.bidh, tile.bidb,
+               n_block_end(params, tile.m_block));
+        }
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kMmaRegs>();
-      mma(params, ss, pipeline_k, pipeline_v, int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup, m_block, bidh,
-          bidb, n_end);
+      int const thread_idx = int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup;
+      PipelineState read_k, read_v;
+      int iter = 0;
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int k = 0, t = cta_tile(0); t < tiles; t = cta_tile(++k)) {
+        Tile const tile = tile_at(params, t);
+        if (!runs_tile(params, tile)) { continue; }
+        mma(params, ss, pipeline_k, pipeline_v, read_k, read_v, iter++, thread_idx, tile.m_block, tile.bidh,
+            tile.bidb, n_block_end(params, tile.m_block));
+      }
     }
   }
 };
