@@ -7,12 +7,15 @@ Columns per row (bf16 unless --dtype fp16, BSHD memory viewed as BHSD, 16k token
                 that runs each block in turn)
   ours_overlap  the same with TORCH_SM90_SDPA_FWD_OVERLAP=1 (softmax overlapping P V: the
                 default)
+  ours_overlap_per_tile   the same with TORCH_SM90_SDPA_FWD_PERSISTENT=0: one CTA per tile
+                instead of persistent CTAs (the others' default)
   cudnn         F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION)
   flash         the same under FLASH_ATTENTION (FlashAttention-2)
   cudnn_mask    causal rows only: cuDNN given the causal mask as a bool [B, 1, S, S] tensor
                 (what compiled transformers models hand SDPA)
   ours_mask, ours_mask_overlap   causal rows only: sdpa_forward given that bool mask, both
-                kernels (the classification skips the hidden tiles)
+                kernels (the classification skips the hidden tiles); ours_mask_overlap_per_tile
+                the overlap kernel with one CTA per tile
   ours_bias, ours_bias_overlap   causal rows only: sdpa_forward given the mask as a bias of
                 0 and the dtype's minimum (transformers' additive form), both kernels; for bf16
                 the fill counts as hidden (the kernel clamps it to -FLT_MAX), for fp16 (-65504)
@@ -59,9 +62,10 @@ def make(b, hq, hkv, s, d, dtype):
 def columns(q, k, v, causal):
     gqa = q.size(1) != k.size(1)
 
-    def ours_kernel(overlap, mask=None):
+    def ours_kernel(overlap, mask=None, persistent="1"):
         def run():
             os.environ["TORCH_SM90_SDPA_FWD_OVERLAP"] = overlap
+            os.environ["TORCH_SM90_SDPA_FWD_PERSISTENT"] = persistent
             return torch.ops.torch_sm90_sdpa.sdpa_forward(q, k, v, causal and mask is None, None,
                                                           gqa, mask)
         return run
@@ -80,6 +84,7 @@ def columns(q, k, v, causal):
         return run
 
     cols = {"ours": ours_kernel("0"), "ours_overlap": ours_kernel("1"),
+            "ours_overlap_per_tile": ours_kernel("1", persistent="0"),
             "cudnn": stock(SDPBackend.CUDNN_ATTENTION),
             "flash": stock(SDPBackend.FLASH_ATTENTION)}
     if not causal:  # a mask that hides nothing
@@ -98,6 +103,7 @@ def columns(q, k, v, causal):
         cols["cudnn_mask"] = stock(SDPBackend.CUDNN_ATTENTION, keep)
         cols["ours_mask"] = ours_kernel("0", keep)
         cols["ours_mask_overlap"] = ours_kernel("1", keep)
+        cols["ours_mask_overlap_per_tile"] = ours_kernel("1", keep, persistent="0")
         bias = torch.zeros(keep.shape, dtype=q.dtype, device="cuda").masked_fill(
             ~keep, torch.finfo(q.dtype).min)
         cols["ours_bias"] = ours_kernel("0", bias)
