@@ -376,14 +376,17 @@ def test_persistent_ctas_give_what_one_cta_per_tile_gives(kind, is_causal, head_
     b, hq, hkv, s = 2, 16, 4, 1100
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert b * hq * -(-s // 128) > sms
+    monkeypatch.setenv("TORCH_SM90_SDPA_FWD_PERSISTENT", "1")
+    scale = head_dim ** -0.5
     if kind is None:
         if (head_dim, dtype) not in [(d, _DTYPES[dt]) for d, dt in _built()]:
             pytest.skip(f"no forward kernel for d{head_dim} {dtype}")
         torch.manual_seed(3)
         q, k, v = make_qkv(b, hq, hkv, s, s, head_dim, dtype=dtype, device="cuda", layout="bshd")
         mask = None
-        out, lse = sdpa_forward(q, k, v, is_causal, None, True)
-        want_out, want_lse = _reference(q, k, v, is_causal, head_dim ** -0.5)
+        assert _cuda_backend.forward_unserved(q, k, v, is_causal) is None
+        out, lse = sdpa_forward(q, k, v, is_causal, scale, True)
+        want_out, want_lse = _reference(q, k, v, is_causal, scale)
         stock = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
         assert _err(out, want_out) <= 2 * _err(stock, want_out) + 1e-3
         torch.testing.assert_close(lse.double(), want_lse, atol=2e-3, rtol=1e-4)
@@ -393,12 +396,13 @@ def test_persistent_ctas_give_what_one_cta_per_tile_gives(kind, is_causal, head_
                                                        dtype, is_causal=is_causal, mask=keep)
         mask = torch.zeros(keep.shape, dtype=torch.bfloat16, device="cuda").masked_fill(
             ~keep, torch.finfo(torch.bfloat16).min)
-        out, lse = sdpa_forward(q, k, v, is_causal, None, True, mask)
+        assert _cuda_backend.forward_unserved(q, k, v, is_causal, mask) is None
+        out, lse = sdpa_forward(q, k, v, is_causal, scale, True, mask)
         seen = lse_bool > float("-inf")
         torch.testing.assert_close(out[seen], out_bool[seen])
     else:
         q, k, v, mask, out, lse = _check_masked(kind, b, hq, hkv, s, s, head_dim, dtype,
                                                 is_causal=is_causal)
     monkeypatch.setenv("TORCH_SM90_SDPA_FWD_PERSISTENT", "0")
-    one_per_tile = sdpa_forward(q, k, v, is_causal, None, True, mask)
+    one_per_tile = sdpa_forward(q, k, v, is_causal, scale, True, mask)
     assert torch.equal(one_per_tile[0], out) and torch.equal(one_per_tile[1], lse)
