@@ -7,15 +7,16 @@ Columns per row (bf16 unless --dtype fp16, BSHD memory viewed as BHSD, 16k token
                 that runs each block in turn)
   ours_overlap  the same with TORCH_SM90_SDPA_FWD_OVERLAP=1 (softmax overlapping P V: the
                 default)
-  ours_overlap_per_tile   the same with TORCH_SM90_SDPA_FWD_PERSISTENT=0: one CTA per tile
-                instead of persistent CTAs (the others' default)
+  ours_overlap@NAME   with --ab NAME:VAR=VALUE[,VAR=VALUE]: ours_overlap with those
+                environment variables set for the call (an A/B of the forward's switches in
+                one process, e.g. --ab per_tile:TORCH_SM90_SDPA_FWD_PERSISTENT=0)
   cudnn         F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION)
   flash         the same under FLASH_ATTENTION (FlashAttention-2)
   cudnn_mask    causal rows only: cuDNN given the causal mask as a bool [B, 1, S, S] tensor
                 (what compiled transformers models hand SDPA)
   ours_mask, ours_mask_overlap   causal rows only: sdpa_forward given that bool mask, both
-                kernels (the classification skips the hidden tiles); ours_mask_overlap_per_tile
-                the overlap kernel with one CTA per tile
+                kernels (the classification skips the hidden tiles); with --ab also
+                ours_mask_overlap@NAME
   ours_bias, ours_bias_overlap   causal rows only: sdpa_forward given the mask as a bias of
                 0 and the dtype's minimum (transformers' additive form), both kernels; for bf16
                 the fill counts as hidden (the kernel clamps it to -FLT_MAX), for fp16 (-65504)
@@ -30,7 +31,8 @@ Columns per row (bf16 unless --dtype fp16, BSHD memory viewed as BHSD, 16k token
 TFLOP/s count the visible half under causal masking: 4 * b * hq * s^2 * d (/ 2).
 
     python benchmarks/bench_fwd.py [--dims 64,128] [--seqs 512,2048,8192,16384] [--reps 20]
-                                   [--dtype bf16|fp16] [--json OUT]
+                                   [--dtype bf16|fp16] [--ab NAME:VAR=VALUE[,VAR=VALUE]] ...
+                                   [--json OUT]
 """
 import argparse
 import json
@@ -59,15 +61,36 @@ def make(b, hq, hkv, s, d, dtype):
     return q, k, v
 
 
-def columns(q, k, v, causal):
+def parse_ab(specs):
+    """--ab NAME:VAR=VALUE[,VAR=VALUE] -> {NAME: {VAR: VALUE}}"""
+    out = {}
+    for spec in specs or []:
+        name, _, assigns = spec.partition(":")
+        env = dict(a.split("=", 1) for a in assigns.split(",") if a)
+        if not name or not env:
+            raise SystemExit(f"--ab {spec!r}: expected NAME:VAR=VALUE[,VAR=VALUE]")
+        out[name] = env
+    return out
+
+
+def columns(q, k, v, causal, ab=None):
     gqa = q.size(1) != k.size(1)
 
-    def ours_kernel(overlap, mask=None, persistent="1"):
+    def ours_kernel(overlap, mask=None, env=None):
+        env = dict(env or {}, TORCH_SM90_SDPA_FWD_OVERLAP=overlap)
+
         def run():
-            os.environ["TORCH_SM90_SDPA_FWD_OVERLAP"] = overlap
-            os.environ["TORCH_SM90_SDPA_FWD_PERSISTENT"] = persistent
-            return torch.ops.torch_sm90_sdpa.sdpa_forward(q, k, v, causal and mask is None, None,
-                                                          gqa, mask)
+            saved = {name: os.environ.get(name) for name in env}
+            os.environ.update(env)
+            try:
+                return torch.ops.torch_sm90_sdpa.sdpa_forward(q, k, v, causal and mask is None,
+                                                              None, gqa, mask)
+            finally:
+                for name, value in saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
         return run
 
     def stock(backend, mask=None):
@@ -84,9 +107,10 @@ def columns(q, k, v, causal):
         return run
 
     cols = {"ours": ours_kernel("0"), "ours_overlap": ours_kernel("1"),
-            "ours_overlap_per_tile": ours_kernel("1", persistent="0"),
             "cudnn": stock(SDPBackend.CUDNN_ATTENTION),
             "flash": stock(SDPBackend.FLASH_ATTENTION)}
+    for name, env in (ab or {}).items():
+        cols[f"ours_overlap@{name}"] = ours_kernel("1", env=env)
     if not causal:  # a mask that hides nothing
         dense = torch.ones(q.size(0), 1, q.size(2), k.size(2), dtype=torch.bool, device="cuda")
         cols["cudnn_mask_dense"] = stock(SDPBackend.CUDNN_ATTENTION, dense)
@@ -103,7 +127,8 @@ def columns(q, k, v, causal):
         cols["cudnn_mask"] = stock(SDPBackend.CUDNN_ATTENTION, keep)
         cols["ours_mask"] = ours_kernel("0", keep)
         cols["ours_mask_overlap"] = ours_kernel("1", keep)
-        cols["ours_mask_overlap_per_tile"] = ours_kernel("1", keep, persistent="0")
+        for name, env in (ab or {}).items():
+            cols[f"ours_mask_overlap@{name}"] = ours_kernel("1", keep, env=env)
         bias = torch.zeros(keep.shape, dtype=q.dtype, device="cuda").masked_fill(
             ~keep, torch.finfo(q.dtype).min)
         cols["ours_bias"] = ours_kernel("0", bias)
@@ -126,8 +151,11 @@ def main():
     ap.add_argument("--seqs", default="512,2048,8192,16384")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--ab", action="append", metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+                    help="extra columns of ours with these environment variables (repeatable)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    ab = parse_ab(args.ab)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     rows = []
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; TFLOP/s")
@@ -141,7 +169,7 @@ def main():
                 print(f"d{d} s{s}: our forward does not serve it ({why_not})")
                 continue
             for causal in (False, True):
-                cols = columns(q, k, v, causal)
+                cols = columns(q, k, v, causal, ab)
                 with torch.no_grad():
                     ms = time_interleaved(cols, args.reps, warmup=2)
                 flops = 4 * b * hq * s * s * d / (2 if causal else 1)

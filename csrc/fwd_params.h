@@ -22,6 +22,10 @@ struct FwdParams {
   // ---- semantics ----
   float scale_log2 = 0.f;  // softmax scale * log2(e)
   bool is_causal = false;  // SDPA top-left alignment: key j visible to query i iff j <= i
+  // the online softmax moves a row's reference max only when a key block's max passes it by
+  // more than this (log2 units, 0 to 8): P = 2^(s - ref) < 2^slack, and O's rescale is skipped
+  // while no row of a warp moves (FwdKernel's softmax). TORCH_SM90_SDPA_FWD_RESCALE_SLACK.
+  float rescale_slack = 0.f;
   // the kernel whose softmax overlaps the previous key block's P V inside each warpgroup
   // (FwdKernel's kOverlap); set unless TORCH_SM90_SDPA_FWD_OVERLAP=0 (_cuda_backend.py).
   // Unmasked and boolean-mask calls only: a float mask runs the in-turn kernel regardless.

@@ -459,7 +459,7 @@ static void bind_forward(py::module_& m) {
             }
             p.dtype = static_cast<DType>(code);
           })
-      FWD_FIELD(scale_log2) FWD_FIELD(is_causal) FWD_FIELD(overlap) FWD_FIELD(persistent)
+      FWD_FIELD(scale_log2) FWD_FIELD(rescale_slack) FWD_FIELD(is_causal) FWD_FIELD(overlap) FWD_FIELD(persistent)
       FWD_TENSOR_FIELDS(q, const void*) FWD_TENSOR_FIELDS(k, const void*) FWD_TENSOR_FIELDS(v, const void*)
       FWD_TENSOR_FIELDS(out, void*)
       FWD_PTR_FIELD(lse, float*) FWD_FIELD(lse_batch_stride) FWD_FIELD(lse_head_stride)

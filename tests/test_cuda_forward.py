@@ -406,3 +406,38 @@ def test_persistent_ctas_give_what_one_cta_per_tile_gives(kind, is_causal, head_
     monkeypatch.setenv("TORCH_SM90_SDPA_FWD_PERSISTENT", "0")
     one_per_tile = sdpa_forward(q, k, v, is_causal, scale, True, mask)
     assert torch.equal(one_per_tile[0], out) and torch.equal(one_per_tile[1], lse)
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+@pytest.mark.parametrize("head_dim,dtype", VARIANTS)
+@pytest.mark.parametrize("slack", ["0", "3", "8"])
+@pytest.mark.parametrize("mask", [None, "bool"])
+def test_forward_rescale_slack_keeps_stock_error(head_dim, dtype, slack, mask, kernel_kind,
+                                                 monkeypatch):
+    """The reference max moves only when a key block passes it by more than the slack
+    (TORCH_SM90_SDPA_FWD_RESCALE_SLACK, log2 units), P up to 2^slack. Keys scaled up towards
+    the first key (blocks run last to first) so that the max keeps growing, by more and by
+    less than the slack, from block to block: within stock's error of float64 at every slack."""
+    monkeypatch.setenv("TORCH_SM90_SDPA_FWD_RESCALE_SLACK", slack)
+    torch.manual_seed(5)
+    b, hq, hkv, sq, sk = 2, 4, 2, 300, 1100
+    q, k, v = make_qkv(b, hq, hkv, sq, sk, head_dim, dtype=dtype, device="cuda")
+    growth = torch.linspace(4.0, 1.0, sk, device="cuda")[None, None, :, None]
+    k = (k.float() * growth).to(dtype)
+    keep = None
+    if mask is not None:
+        keep = torch.rand(b, 1, sq, sk, device="cuda") > 0.3
+    scale = 1.5 * head_dim ** -0.5
+    assert _cuda_backend.forward_unserved(q, k, v, True, keep) is None
+    out, lse = sdpa_forward(q, k, v, True, scale, True, keep)
+    if keep is None:
+        want_out, want_lse = _reference(q, k, v, True, scale)
+        stock = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        stock_err = _err(torch.nan_to_num(stock.double(), nan=0.0), want_out)
+    else:
+        want_out, want_lse = reference_out_lse(q, k, v, keep, True, scale)
+        stock_err = _stock_masked_err(q, k, v, keep, True, scale, want_out)
+    assert torch.isfinite(out).all()
+    assert _err(out, want_out) <= 2 * stock_err + 1e-3
+    live = torch.isfinite(want_lse)
+    torch.testing.assert_close(lse.double()[live], want_lse[live], atol=2e-3, rtol=1e-4)

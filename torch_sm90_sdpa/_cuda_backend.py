@@ -319,6 +319,9 @@ def sdpa_forward_cuda(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: f
     p.overlap = os.environ.get("TORCH_SM90_SDPA_FWD_OVERLAP", "1") != "0"
     # persistent CTAs, one per SM (FwdParams::persistent; read per call, an A/B switch too)
     p.persistent = os.environ.get("TORCH_SM90_SDPA_FWD_PERSISTENT", "1") != "0"
+    # a row's reference max moves when a block passes it by more than this (log2 units; P stays
+    # below 2^slack, which fp16's P holds up to 8; read per call, an A/B switch)
+    p.rescale_slack = min(max(float(os.environ.get("TORCH_SM90_SDPA_FWD_RESCALE_SLACK", "8")), 0.0), 8.0)
     p.num_sms = _num_sms(q.device)
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         setattr(p, name, t.data_ptr())

@@ -160,6 +160,7 @@ struct FwdKernel {
     int num_m_blocks;
     bool longest_first;
     float scale_log2;
+    float rescale_slack;  // FwdParams::rescale_slack
     bool is_causal;
     // ---- kMasked only ----
     MaskKind mask_kind;
@@ -205,6 +206,7 @@ struct FwdKernel {
         (p.seqlen_q + kBlockM - 1) / kBlockM,
         longest_first,
         p.scale_log2,
+        p.rescale_slack,
         p.is_causal,
         p.mask_kind,
         p.mask,
@@ -443,10 +445,15 @@ struct FwdKernel {
     };
 
     // The online softmax of key block n: S (the wgmma accumulator) scaled, masked where the key
-    // tail or the causal cut cross the block, and turned into P = 2^(S - max) in place; the
-    // running max and sum updated, and correction[r] = 2^(old max - new max), by which O's row r
-    // must be scaled before P V is added.
+    // tail or the causal cut cross the block, and turned into P = 2^(S - ref) in place; the
+    // reference max and the sum updated, and correction[r] = 2^(old ref - new ref), by which
+    // O's row r must be scaled before P V is added. The reference (row_max) moves only where
+    // the block's max passes it by more than params.rescale_slack (log2 units; 0: wherever it
+    // grows): P stays below 2^slack, and while no row of a warp moves, the warp skips O's
+    // rescale (rescale_o: D / 2 multiplies per thread and block).
     float correction[kRows];
+    bool rescale = false;  // warp-uniform: a row of the warp moved its reference
+    float const rescale_slack = params.rescale_slack;
     auto softmax = [&](auto& tSrS, int n) __attribute__((always_inline)) {
       Tensor S = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
       int const n0 = n * kBlockN;
@@ -478,15 +485,20 @@ struct FwdKernel {
       // S's factor into the log2 domain, folded into the exponent's FFMA: the max of S times
       // a factor > 0 (the host makes scale > 0: sdpa_forward_cuda) is the factor times S's max
       float const mul = scaled ? 1.f : scale_log2;
+      bool moved = false;
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < kRows; ++r) {
         float mx = -INFINITY;
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < size<1>(S); ++c) { mx = fmaxf(mx, S(r, c)); }
-        float const new_max = fmaxf(row_max[r], quad_max(mx) * mul);
+        float const block_max = quad_max(mx) * mul;
+        // (an unset reference, -inf, moves to any finite max)
+        bool const moves = block_max > row_max[r] + rescale_slack;
+        moved |= moves;
+        float const new_max = moves ? block_max : row_max[r];
         // a row that has seen no visible key yet keeps exp2(-inf - 0) = 0 everywhere
         float const m_use = new_max == -INFINITY ? 0.f : new_max;
-        correction[r] = exp2_ftz(row_max[r] - m_use);
+        correction[r] = moves ? exp2_ftz(row_max[r] - m_use) : 1.f;
         row_max[r] = new_max;
         float sum = 0.f;
         CUTLASS_PRAGMA_UNROLL
@@ -497,8 +509,10 @@ struct FwdKernel {
         }
         row_sum[r] = row_sum[r] * correction[r] + sum;
       }
+      rescale = __any_sync(0xffffffffu, moved);
     };
     auto rescale_o = [&]() __attribute__((always_inline)) {
+      if (!rescale) { return; }
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTLASS_PRAGMA_UNROLL
