@@ -9,7 +9,8 @@ Columns per row (bf16 unless --dtype fp16, BSHD memory viewed as BHSD, 16k token
                 default)
   ours_overlap@NAME   with --ab NAME:VAR=VALUE[,VAR=VALUE]: ours_overlap with those
                 environment variables set for the call (an A/B of the forward's switches in
-                one process, e.g. --ab per_tile:TORCH_SM90_SDPA_FWD_PERSISTENT=0)
+                one process, e.g. --ab per_tile:TORCH_SM90_SDPA_FWD_PERSISTENT=0; the column's
+                kernel is the overlap one: TORCH_SM90_SDPA_FWD_OVERLAP is refused)
   cudnn         F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION)
   flash         the same under FLASH_ATTENTION (FlashAttention-2)
   cudnn_mask    causal rows only: cuDNN given the causal mask as a bool [B, 1, S, S] tensor
@@ -69,6 +70,10 @@ def parse_ab(specs):
         env = dict(a.split("=", 1) for a in assigns.split(",") if a)
         if not name or not env:
             raise SystemExit(f"--ab {spec!r}: expected NAME:VAR=VALUE[,VAR=VALUE]")
+        if "TORCH_SM90_SDPA_FWD_OVERLAP" in env:
+            raise SystemExit(f"--ab {spec!r}: the ours_overlap@NAME columns set "
+                             "TORCH_SM90_SDPA_FWD_OVERLAP=1 themselves (the in-turn kernel is "
+                             "the ours column)")
         out[name] = env
     return out
 

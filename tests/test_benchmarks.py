@@ -459,3 +459,13 @@ def test_forward_rows_take_a_mask_that_hides_nothing(tmp_path):
         (128, 2048, 1.1047, 1.7778)]
     slow_causal = dict(causal, ms=dict(causal["ms"], ours_mask=1.0))
     assert rows_of({"meta": meta, "rows": [measured, slow_causal]}) == [(128, 2048, 0.96, 0.96)]
+
+
+def test_bench_fwd_ab_columns_parse_and_refuse_the_kernel_switch():
+    bench_fwd = _load("bench_fwd", "benchmarks/bench_fwd.py")
+    assert bench_fwd.parse_ab(["per_tile:TORCH_SM90_SDPA_FWD_PERSISTENT=0",
+                               "both:A=1,B=x=y"]) == {
+        "per_tile": {"TORCH_SM90_SDPA_FWD_PERSISTENT": "0"}, "both": {"A": "1", "B": "x=y"}}
+    for bad in ["noequals", ":A=1", "in_turn:TORCH_SM90_SDPA_FWD_OVERLAP=0"]:
+        with pytest.raises(SystemExit, match="--ab"):
+            bench_fwd.parse_ab([bad])

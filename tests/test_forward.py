@@ -93,3 +93,18 @@ class TestSdpaForward:
         q, k, v = (t.requires_grad_() for t in make_qkv(
             1, 4, 2, 12, 12, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4)))
         torch.library.opcheck(sdpa_forward, (q, k, v, is_causal, 0.25, True))
+
+
+@pytest.mark.parametrize("value, slack, warns", [
+    (None, 8.0, False), ("3", 3.0, False), ("0", 0.0, False), ("-1", 0.0, False),
+    ("99", 8.0, False), ("inf", 8.0, False), ("nan", 8.0, True), ("eight", 8.0, True)])
+def test_rescale_slack_from_the_environment(value, slack, warns, caplog):
+    """TORCH_SM90_SDPA_FWD_RESCALE_SLACK as the CUDA forward reads it (FwdParams::rescale_slack):
+    clamped to [0, 8]; a value that is not a number (nan included, which a clamp would pass on
+    to the kernel) gives the default, with a warning naming the variable."""
+    from torch_sm90_sdpa import _cuda_backend
+
+    _cuda_backend.rescale_slack.cache_clear()
+    with caplog.at_level("WARNING", logger="torch_sm90_sdpa"):
+        assert _cuda_backend.rescale_slack(value) == slack
+    assert ("TORCH_SM90_SDPA_FWD_RESCALE_SLACK" in caplog.text) == warns

@@ -22,6 +22,9 @@ Shapes: q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out / grad_out
 """
 from __future__ import annotations
 
+import functools
+import logging
+import math
 import os
 from typing import NamedTuple, Optional, Tuple
 
@@ -295,6 +298,29 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+_DEFAULT_RESCALE_SLACK = 8.0
+
+
+@functools.lru_cache(maxsize=8)
+def rescale_slack(value: Optional[str]) -> float:
+    """FwdParams::rescale_slack from TORCH_SM90_SDPA_FWD_RESCALE_SLACK (read per call, an A/B
+    switch): a row's reference max moves when a block passes it by more than this many log2
+    units, so P stays below 2^slack, which fp16's P holds up to 8. Unset: 8; a number is clamped
+    to [0, 8]; anything else (nan included) gives 8 with a warning (once per value)."""
+    if value is None:
+        return _DEFAULT_RESCALE_SLACK
+    try:
+        slack = float(value)
+    except ValueError:
+        slack = math.nan
+    if math.isnan(slack):
+        logging.getLogger("torch_sm90_sdpa").warning(
+            "TORCH_SM90_SDPA_FWD_RESCALE_SLACK=%r is not a number: the forward uses %g",
+            value, _DEFAULT_RESCALE_SLACK)
+        return _DEFAULT_RESCALE_SLACK
+    return min(max(slack, 0.0), 8.0)
+
+
 def sdpa_forward_cuda(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float,
                       attn_mask: Optional[Tensor] = None):
     """(out, lse) of a call forward_unserved() accepts, from the SM90 forward kernel: out like
@@ -319,9 +345,7 @@ def sdpa_forward_cuda(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: f
     p.overlap = os.environ.get("TORCH_SM90_SDPA_FWD_OVERLAP", "1") != "0"
     # persistent CTAs, one per SM (FwdParams::persistent; read per call, an A/B switch too)
     p.persistent = os.environ.get("TORCH_SM90_SDPA_FWD_PERSISTENT", "1") != "0"
-    # a row's reference max moves when a block passes it by more than this (log2 units; P stays
-    # below 2^slack, which fp16's P holds up to 8; read per call, an A/B switch)
-    p.rescale_slack = min(max(float(os.environ.get("TORCH_SM90_SDPA_FWD_RESCALE_SLACK", "8")), 0.0), 8.0)
+    p.rescale_slack = rescale_slack(os.environ.get("TORCH_SM90_SDPA_FWD_RESCALE_SLACK"))
     p.num_sms = _num_sms(q.device)
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         setattr(p, name, t.data_ptr())
