@@ -9,7 +9,7 @@ stores through the dQ staging tile), and three full calls whose last partial wav
 into pieces (TORCH_SM90_SDPA_SPLIT_TAIL=1, set here: fragments of tiles, their fp32 sums and
 counts), and the forward kernel (sdpa_forward) on eighteen calls (three of more tiles than SMs:
 persistent CTAs), two or more per head dim,
-masked ones included (three with a bias of 0 / bf16's minimum and rows that see only that
+masked ones included (four with a bias of 0 / bf16's minimum and rows that see only that
 fill: query blocks of the overlap and of the in-turn kernel in one call) (the masked backward cases of head dims with a forward kernel also run it,
 through `sdpa`), each with both forward kernels (TORCH_SM90_SDPA_FWD_OVERLAP 0 and 1). The GQA
 cases run twice: with one q head per CTA and with each CTA walking its group
