@@ -306,7 +306,8 @@ def test_masked_forward_with_the_dtype_minimum_as_fill(kind, is_causal, fill_dty
                                                                     device="cuda")
     seen = (keep & in_cut).expand(b, hq, s, s).any(-1)  # [B, Hq, Sq]
     assert seen.any()
-    torch.testing.assert_close(out[seen], out_bool[seen])
+    # (one bf16 rounding apart at most: the bias enters the exponent's FFMA, the bits do not)
+    torch.testing.assert_close(out[seen], out_bool[seen], atol=5e-4, rtol=1.6e-2)
     torch.testing.assert_close(lse[seen], lse_bool[seen], atol=1e-4, rtol=1e-5)
     fill_rows = ~seen
     if kind in ("padding left", "rows without keys"):
