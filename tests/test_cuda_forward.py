@@ -400,7 +400,8 @@ def test_persistent_ctas_give_what_one_cta_per_tile_gives(kind, is_causal, head_
         assert _cuda_backend.forward_unserved(q, k, v, is_causal, mask) is None
         out, lse = sdpa_forward(q, k, v, is_causal, scale, True, mask)
         seen = lse_bool > float("-inf")
-        torch.testing.assert_close(out[seen], out_bool[seen])
+        # (one bf16 rounding apart at most: the bias enters the exponent's FFMA, the bits do not)
+        torch.testing.assert_close(out[seen], out_bool[seen], atol=5e-4, rtol=1.6e-2)
     else:
         q, k, v, mask, out, lse = _check_masked(kind, b, hq, hkv, s, s, head_dim, dtype,
                                                 is_causal=is_causal)
