@@ -246,40 +246,10 @@ SOURCES = [{'bench': 'bench_bwd',
  {'bench': 'bench_fwd',
   'device': 'NVIDIA H100 80GB HBM3',
   'torch': '2.11.0+cu130',
-  'commit': '2eb58ab',
-  'command': 'benchmarks/bench_fwd.py --dims 64,128 --seqs 2048,8192 --reps 8 --json '
-             'benchmarks/results/bench_fwd_h100_2eb58ab.json',
-  'file': 'benchmarks/results/bench_fwd_h100_2eb58ab.json',
-  'head_dims': [64]},
- {'bench': 'bench_fwd',
-  'device': 'NVIDIA H100 80GB HBM3',
-  'torch': '2.11.0+cu130',
-  'commit': '50b2d61',
-  'command': 'benchmarks/bench_fwd.py --dims 96,192,256 --seqs 2048,8192 --reps 6 --json '
-             'benchmarks/results/bench_fwd_h100_50b2d61.json',
-  'file': 'benchmarks/results/bench_fwd_h100_50b2d61.json',
-  'head_dims': [192]},
- {'bench': 'bench_fwd',
-  'device': 'NVIDIA H100 80GB HBM3',
-  'torch': '2.11.0+cu130',
-  'commit': '4369a41',
-  'command': 'benchmarks/bench_fwd.py --dims 256,128,96 --seqs 2048,8192 --reps 8 --json '
-             'benchmarks/results/bench_fwd_h100_4369a41.json',
-  'file': 'benchmarks/results/bench_fwd_h100_4369a41.json'},
- {'bench': 'bench_fwd',
-  'device': 'NVIDIA H100 80GB HBM3',
-  'torch': '2.11.0+cu130',
-  'commit': '5677615',
-  'command': 'benchmarks/bench_fwd.py --dims 192,128,64 --seqs 2048,8192 --reps 8 --json '
-             'benchmarks/results/bench_fwd_h100_5677615.json',
-  'file': 'benchmarks/results/bench_fwd_h100_5677615.json'},
- {'bench': 'bench_fwd',
-  'device': 'NVIDIA H100 80GB HBM3',
-  'torch': '2.11.0+cu130',
-  'commit': '5677615',
-  'command': 'benchmarks/bench_fwd.py --dims 256,96 --seqs 2048,8192 --reps 8 --json '
-             'benchmarks/results/bench_fwd_h100_5677615_d96_d256.json',
-  'file': 'benchmarks/results/bench_fwd_h100_5677615_d96_d256.json'}]
+  'commit': 'e3e9d59',
+  'command': 'benchmarks/bench_fwd.py --dims 256,192,128,96,64 --seqs 2048,8192 --reps 8 --json '
+             'benchmarks/results/bench_fwd_h100_e3e9d59.json',
+  'file': 'benchmarks/results/bench_fwd_h100_e3e9d59.json'}]
 
 ROWS = [
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 64, 'seqlen': 512, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 1.0747, 'source': 20},
@@ -645,14 +615,14 @@ ROWS = [
 ]
 
 FORWARD_ROWS = [
-    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 64, 'seqlen': 2048, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.0762, 'causal_mask_speedup': 1.5815, 'source': 30},
-    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 64, 'seqlen': 8192, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.3038, 'causal_mask_speedup': 2.2404, 'source': 27},
-    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 96, 'seqlen': 2048, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.3133, 'causal_mask_speedup': 1.8483, 'source': 29},
-    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 96, 'seqlen': 8192, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.7417, 'causal_mask_speedup': 2.9823, 'source': 31},
-    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 128, 'seqlen': 2048, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.2051, 'causal_mask_speedup': 1.7354, 'source': 29},
-    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 128, 'seqlen': 8192, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.5278, 'causal_mask_speedup': 2.5008, 'source': 29},
-    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 192, 'seqlen': 2048, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 2.412, 'causal_mask_speedup': 3.4852, 'source': 30},
-    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 192, 'seqlen': 8192, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 3.1538, 'causal_mask_speedup': 5.4969, 'source': 30},
-    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 256, 'seqlen': 2048, 'case': 'bool mask', 'gqa': False, 'walk': 1, 'speedup': 1.7674, 'causal_mask_speedup': 2.4755, 'source': 29},
-    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 256, 'seqlen': 8192, 'case': 'bool mask', 'gqa': False, 'walk': 1, 'speedup': 2.1892, 'causal_mask_speedup': 3.4548, 'source': 31},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 64, 'seqlen': 2048, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.2511, 'causal_mask_speedup': 1.9329, 'source': 27},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 64, 'seqlen': 8192, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.5103, 'causal_mask_speedup': 2.5685, 'source': 27},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 96, 'seqlen': 2048, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.4335, 'causal_mask_speedup': 2.3502, 'source': 27},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 96, 'seqlen': 8192, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.9236, 'causal_mask_speedup': 3.5335, 'source': 27},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 128, 'seqlen': 2048, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.3181, 'causal_mask_speedup': 2.0776, 'source': 27},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 128, 'seqlen': 8192, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 1.6897, 'causal_mask_speedup': 3.0681, 'source': 27},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 192, 'seqlen': 2048, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 2.77, 'causal_mask_speedup': 4.5088, 'source': 27},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 192, 'seqlen': 8192, 'case': 'bool mask', 'gqa': True, 'walk': 1, 'speedup': 3.6111, 'causal_mask_speedup': 6.6599, 'source': 27},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 256, 'seqlen': 2048, 'case': 'bool mask', 'gqa': False, 'walk': 1, 'speedup': 1.7164, 'causal_mask_speedup': 2.7322, 'source': 27},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': True, 'head_dim': 256, 'seqlen': 8192, 'case': 'bool mask', 'gqa': False, 'walk': 1, 'speedup': 2.249, 'causal_mask_speedup': 4.3563, 'source': 27},
 ]

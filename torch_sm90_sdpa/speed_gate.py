@@ -291,8 +291,8 @@ def gate_fingerprint(model: Optional[str]) -> tuple:
 # bias and cuDNN applies it densely), each row for a mask that hides nothing (measured with an
 # all-True mask, or bounded from the full and causal rows where a file predates that column),
 # since the gate cannot see how much a mask hides. The other
-# forwards stay on stock: unmasked, ours measured 0.61-0.92x of cuDNN / FA2 (H100, commits
-# 2eb58ab, 50b2d61 and 4369a41, BENCHMARKS.md "Forward"); so do additive masks whose tiles ours
+# forwards stay on stock: unmasked, ours measured 0.77-1.14x of cuDNN (H100, e3e9d59,
+# BENCHMARKS.md "Forward": faster only on 4 of 20 rows, all at 8k keys, by 2.5-14%); so do additive masks whose tiles ours
 # reads from the elements (fp16, per head: eligibility.additive_mask_slower_forward; 0.31-0.48x
 # of cuDNN's masked forward at d64 / d96 / d128, 0.86-1.13x at d192 / d256). A bf16 / fp32
 # additive mask broadcast over heads takes the boolean rows: its fill counts as hidden, so ours
@@ -319,8 +319,9 @@ def forward_faster_than_stock(call: AttentionForwardCall) -> Decision:
         return _no(R_SLOWER_FORWARD, f"the {call.backend} forward: ours was measured against "
                                      "cuDNN's only; enable(only_faster=False) routes it anyway")
     if call.mask is None:
-        return _no(R_SLOWER_FORWARD, "unmasked: cuDNN's forward measured faster (ours 0.61-0.92x "
-                                     "on an H100); enable(only_faster=False) routes it anyway")
+        return _no(R_SLOWER_FORWARD, "unmasked: cuDNN's forward measured faster on 16 of 20 rows "
+                                     "(ours 0.77-1.14x of it on an H100); "
+                                     "enable(only_faster=False) routes it anyway")
     slower = None if call.mask.dtype == torch.bool else additive_mask_slower_forward(call.mask)
     if slower is not None:
         return _no(R_SLOWER_FORWARD, f"{slower}, where cuDNN's masked forward is faster; "
