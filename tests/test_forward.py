@@ -96,8 +96,8 @@ class TestSdpaForward:
 
 
 @pytest.mark.parametrize("value, slack, warns", [
-    (None, 8.0, False), ("3", 3.0, False), ("0", 0.0, False), ("-1", 0.0, False),
-    ("99", 8.0, False), ("inf", 8.0, False), ("nan", 8.0, True), ("eight", 8.0, True)])
+    (None, 0.0, False), ("3", 3.0, False), ("0", 0.0, False), ("-1", 0.0, False),
+    ("99", 8.0, False), ("inf", 8.0, False), ("nan", 0.0, True), ("eight", 0.0, True)])
 def test_rescale_slack_from_the_environment(value, slack, warns, caplog):
     """TORCH_SM90_SDPA_FWD_RESCALE_SLACK as the CUDA forward reads it (FwdParams::rescale_slack):
     clamped to [0, 8]; a value that is not a number (nan included, which a clamp would pass on
