@@ -75,10 +75,10 @@ def test_speed_table_takes_only_bf16_rows_of_bench_bwd():
                                                           (4096, round(400 / 380, 4))]
 
 
-def test_dv_pair_rows_and_the_speed_table_leaves_them_out():
+def test_dv_pair_rows_keep_their_v_head_dim_in_the_speed_table():
     """bench_bwd --dv-pairs 192x128: rows of the grid's shapes at D with Dv; their JSON rows
-    carry head_dim_v, which the gate's table leaves out (it keeps Dv != D on stock) and
-    BENCHMARKS.md's table prints as DxDv."""
+    carry head_dim_v, which the gate's table keeps (a case of its own: the slowest-row rule
+    does not mix them with D's rows) and BENCHMARKS.md's table prints as DxDv."""
     assert bench_bwd.parse_dv_pairs("192x128, 256X128") == [(192, 128), (256, 128)]
     assert bench_bwd.parse_dv_pairs("") == []
     for bad in ("192", "192x192", "ax128"):
@@ -89,9 +89,18 @@ def test_dv_pair_rows_and_the_speed_table_leaves_them_out():
     assert rows[0][1:5] == (8, 10, 10, 2048) and rows[0][0].startswith("d=192x128 full")
     row = dict(head_dim=192, causal=False, seqlen=2048, batch=8, heads=10, kv_heads=10,
                masked=False, dtype="bf16", tflops={"ours": 300.0, "cudnn": 400.0})
-    result = {"meta": {"bench": "bench_bwd"}, "rows": [dict(row, head_dim_v=128), row]}
+    result = {"meta": {"bench": "bench_bwd"},
+              "rows": [dict(row, head_dim_v=128), row, dict(row, head_dim_v=192)]}
     got = list(speed_table_tool.rows_of(result, 0))
-    assert [(g["head_dim"], g["speedup"]) for g in got] == [(192, 0.75)]
+    assert [(g["head_dim"], g.get("head_dim_v"), g["speedup"]) for g in got] == [
+        (192, 128, 0.75), (192, None, 0.75), (192, None, 0.75)]
+    faster = dict(row, head_dim_v=128, tflops={"ours": 500.0, "cudnn": 400.0})
+    result = {"meta": {"bench": "bench_bwd", "device": "X"}, "rows": [faster, row]}
+    table = {}
+    for r in speed_table_tool.rows_of(result, 0):
+        speed_table_tool._keep_slowest(table, r)
+    assert sorted((r.get("head_dim_v", 0), r["speedup"]) for r in table.values()) == [
+        (0, 0.75), (128, 1.25)]
     assert benchmarks_md._head_dim(dict(row, head_dim_v=128)) == "192x128"
     assert benchmarks_md._head_dim(row) == "192"
     assert benchmarks_md._key(dict(row, head_dim_v=128)) != benchmarks_md._key(row)
@@ -220,14 +229,16 @@ def test_result_files_are_named_by_gpu_commit_and_mode():
     here = sorted(os.listdir(os.path.join(ROOT, "benchmarks", "results")))
     others = [n for n in here if n.startswith(("bench_fwd_", "bench_transformers_", "bench_bwd_dv_"))]
     assert sorted(set(here) - set(others)) == sorted(
-        [os.path.basename(p) for p in listed if "/bench_fwd_" not in p] + ["speed_table_runs.txt"])
+        [os.path.basename(p) for p in listed if not any(
+            other in p for other in ("/bench_fwd_", "/bench_bwd_dv_"))] + ["speed_table_runs.txt"])
     for name in others:
         meta = benchmarks_md._load(f"benchmarks/results/{name}")["meta"]
         gpu = "h200" if "H200" in meta["device"] else "h100"
         bench = next(b for b in ("bench_fwd", "bench_transformers", "bench_bwd_dv")
                      if name.startswith(b + "_"))
         assert name.startswith(f"{bench}_{gpu}_{meta['commit']}"), name
-    for path in [p for p in listed if "/bench_fwd_" not in p]:  # (named with the others above)
+    for path in [p for p in listed if "/bench_fwd_" not in p and "/bench_bwd_dv_" not in p]:
+        # (the forward's and the Dv pair's: named with the others above)
         meta = benchmarks_md._load(path)["meta"]
         name = os.path.basename(path)
         gpu = "h200" if "H200" in meta["device"] else "h100"

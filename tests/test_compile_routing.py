@@ -1152,20 +1152,38 @@ class TestSpeedGate(unittest.TestCase):
         return policy.AttentionBackwardCall(backend=backend, grad_out=t, q=t, k=kv, v=kv, out=t,
                                             lse=lse, is_causal=causal)
 
-    def test_dv_pair_kept_on_stock(self):
-        # (192, 128): the backward kernel is built (TILES_DV) but has no measured rows: every
-        # backend's call stays on stock under the gate, whatever the length
-        for backend in ("cudnn", "efficient", "flash"):
-            for s, causal in ((1024, False), (8192, True), (16384, False)):
-                q = policy.TensorSpec((1, 4, s, 192), torch.bfloat16, "cuda:0")
-                v = policy.TensorSpec((1, 4, s, 128), torch.bfloat16, "cuda:0")
-                lse_shape = {"cudnn": (1, 4, s, 1), "efficient": (1, 4, s)}.get(backend, (1, 4, s))
-                lse = policy.TensorSpec(lse_shape, torch.float32, "cuda:0")
-                call = policy.AttentionBackwardCall(backend=backend, grad_out=v, q=q, k=q, v=v, out=v,
-                                                    lse=lse, is_causal=causal)
-                decision = policy.faster_than_stock(call)
-                self.assertEqual(decision.reason, policy.R_SLOWER, (backend, s, causal))
-                self.assertIn("Dv != D", decision.detail)
+    def test_dv_pair_gated_by_its_own_rows(self):
+        # (192, 128) by the pair's rows alone (an H100's bench_bwd --dv-pairs, 2k / 8k keys, MHA,
+        # unmasked; every GPU model takes them): cuDNN's full calls from 2048 keys (1.31x /
+        # 1.40x) and the memory-efficient backward's from 2048 (about 10x); causal calls against
+        # cuDNN (0.81-0.86x), shorter calls, GQA, masks and FA2 (no Dv != D kernel, no rows)
+        # stay on stock. d192's own rows (Dv == D: 1024 keys full kept on stock) are untouched.
+        def call(backend, s, causal, kv_heads=4, mask=None, d=192, dv=128):
+            q = policy.TensorSpec((1, 4, s, d), torch.bfloat16, "cuda:0")
+            k = policy.TensorSpec((1, kv_heads, s, d), torch.bfloat16, "cuda:0")
+            v = policy.TensorSpec((1, kv_heads, s, dv), torch.bfloat16, "cuda:0")
+            o = policy.TensorSpec((1, 4, s, dv), torch.bfloat16, "cuda:0")
+            lse_shape = {"cudnn": (1, 4, s, 1), "efficient": (1, 4, s)}.get(backend, (1, 4, s))
+            lse = policy.TensorSpec(lse_shape, torch.float32, "cuda:0")
+            return policy.AttentionBackwardCall(backend=backend, grad_out=o, q=q, k=k, v=v, out=o,
+                                                lse=lse, is_causal=causal, mask=mask)
+
+        for name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H800"):
+            with mock.patch.object(speed_gate, "device_name", lambda device, n=name: n):
+                for backend, s, causal in (("cudnn", 2048, False), ("cudnn", 8192, False),
+                                           ("cudnn", 32768, False), ("efficient", 2048, True),
+                                           ("efficient", 16384, False)):
+                    self.assertTrue(policy.faster_than_stock(call(backend, s, causal)).routed,
+                                    (name, backend, s, causal))
+                mask = policy.TensorSpec((1, 1, 8192, 8192), torch.bool, "cuda:0")
+                for c in (call("cudnn", 2048, True), call("cudnn", 16384, True),
+                          call("cudnn", 1024, False), call("efficient", 1024, False),
+                          call("flash", 8192, False), call("cudnn", 8192, False, kv_heads=2),
+                          call("cudnn", 8192, False, mask=mask), call("cudnn", 8192, False, dv=64)):
+                    decision = policy.faster_than_stock(c)
+                    self.assertEqual(decision.reason, policy.R_SLOWER, (name, c))
+                    self.assertIn("Dv != D", decision.detail)
+                self.assertFalse(policy.faster_than_stock(call("cudnn", 1024, False, dv=192)).routed)
 
     def test_cudnn_kept_where_it_is_faster(self):
         # (the shipped table: bench_bwd --extra runs of fourteen commits on H200s and an H100, each

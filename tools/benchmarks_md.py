@@ -82,8 +82,8 @@ def select(runs):
     pairs, masks = {}, []
     for path in runs:
         meta = _load(path)["meta"]
-        if "/bench_fwd_" in path:  # the forward gate's rows: the "Forward" section shows them
-            continue
+        if "/bench_fwd_" in path or "/bench_bwd_dv_" in path:  # (shown in their own sections,
+            continue                                             # "Forward" and "Dv != D")
         if meta["bench"] == "bench_masks":
             masks.append(path)
             continue
@@ -254,7 +254,9 @@ def render(runs=None) -> str:
                   "`benchmarks/bench_bwd.py --dv-pairs`: rows of a (D, Dv) pair (q / k head dim "
                   "D, v head dim Dv; built on request: `TORCH_SM90_SDPA_HEAD_DIMS` with "
                   "`192x128`) next to rows of the same run's other head dims, synchronized; "
-                  "the speed gate has no Dv != D rows and keeps such calls on stock.", ""]
+                  "the speed gate routes unmasked MHA calls of a pair by its rows alone "
+                  "(`speed_gate.dv_gate_lengths`: the files `speed_table_runs.txt` lists) and "
+                  "keeps masked and GQA calls of a pair, which were not measured, on stock.", ""]
         for path in dv:
             lines += bwd_table(gpu(_load(path)["meta"]), path, None,
                                title="### Dv != D") + [""]

@@ -157,12 +157,15 @@ def rows_of(result, source):
         if bench == "bench_bwd":
             if r.get("dtype", "bf16") != "bf16":  # the gate's rows are bf16 (fp16: informational)
                 continue
-            if r.get("head_dim_v", r["head_dim"]) != r["head_dim"]:  # (--dv-pairs: the gate keeps
-                continue                                         # Dv != D on stock, keyed by D)
+            # (--dv-pairs: a row of v head dim Dv != D carries head_dim_v; the gate keeps such
+            # rows apart from those of D, speed_gate.dv_gate_lengths)
+            dv = r.get("head_dim_v", r["head_dim"])
+            dv_key = {} if dv == r["head_dim"] else {"head_dim_v": dv}
             tf = r["tflops"]
             for stock in ("cudnn", "flash", "efficient"):
                 if stock in tf and "ours" in tf and tf[stock] > 0:
                     yield dict(device=device, stock=stock, masked=False, head_dim=r["head_dim"],
+                               **dv_key,
                                seqlen=r["seqlen"], case="causal" if r["causal"] else "full",
                                gqa=r["heads"] != r["kv_heads"], walk=walked(r),
                                speedup=round(tf["ours"] / tf[stock], 4), source=source)
@@ -178,12 +181,12 @@ def rows_of(result, source):
 
 
 # A row's case: rows of one key (the GQA rows of several head ratios on one code path, repeated
-# measurements on one GPU model) keep the slowest
-KEY = ("device", "stock", "masked", "head_dim", "seqlen", "case", "gqa", "walk")
+# measurements on one GPU model) keep the slowest; head_dim_v only in rows of Dv != D
+KEY = ("device", "stock", "masked", "head_dim", "head_dim_v", "seqlen", "case", "gqa", "walk")
 
 
 def _keep_slowest(table, row):
-    key = tuple(row[k] for k in KEY)
+    key = tuple(row.get(k) for k in KEY)
     if key not in table or row["speedup"] < table[key]["speedup"]:
         table[key] = row
 
@@ -207,7 +210,8 @@ def build(runs):
                     _keep_slowest(into, row)
 
     def ordered(t):
-        return sorted(t.values(), key=lambda r: tuple(r[k] for k in KEY))
+        # (rows without head_dim_v sort as Dv == D, before a Dv pair's rows of the same D)
+        return sorted(t.values(), key=lambda r: tuple(r.get(k, 0) for k in KEY))
 
     return sources, ordered(table), ordered(forward)
 

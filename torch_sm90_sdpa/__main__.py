@@ -81,8 +81,8 @@ def _kernels_in_words(info: dict) -> list:
     if by_pair:
         pairs = "; ".join(f"{d}x{dv} ({', '.join(sorted(n))})" for (d, dv), n in sorted(by_pair.items()))
         lines.append(f"  q/k x v head dims (Dv != D) with a backward kernel: {pairs} (used by the "
-                     "ops and the drop-in; the compile route's speed gate has no rows for them "
-                     "and keeps them on stock).")
+                     "ops and the drop-in; the compile route's speed gate routes a pair's "
+                     "unmasked MHA calls where its rows measured faster, speed_gate.dv_gate_lengths).")
     if not by_dim and not by_pair:
         lines.append("  no head dim has a kernel (the main kernel was not compiled): "
                      "no CUDA call can be routed.")
@@ -175,7 +175,7 @@ def run_info(args) -> int:
           "enable(cpu=True); the SM90 kernels take fp16 and bf16.")
     print("Never routed: dropout_p > 0, a mask that needs a gradient or of another dtype than "
           "bool / fp32 / fp16 / bf16, nested tensors, Dv != D (but for a built pair such as "
-          "192x128, through enable(only_faster=False)), tensors without a contiguous "
+          "192x128), tensors without a contiguous "
           "last dim, flash with is_causal and Sq != Sk. The default speed gate also keeps on "
           "stock the cuDNN calls where cuDNN measured faster (by GPU model, head dim, causal / "
           "full / mask, key length, and for GQA the group a CTA walks); enable(only_faster=False) "

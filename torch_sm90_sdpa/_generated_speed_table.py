@@ -249,7 +249,16 @@ SOURCES = [{'bench': 'bench_bwd',
   'commit': 'e3e9d59',
   'command': 'benchmarks/bench_fwd.py --dims 256,192,128,96,64 --seqs 2048,8192 --reps 8 --json '
              'benchmarks/results/bench_fwd_h100_e3e9d59.json',
-  'file': 'benchmarks/results/bench_fwd_h100_e3e9d59.json'}]
+  'file': 'benchmarks/results/bench_fwd_h100_e3e9d59.json'},
+ {'bench': 'bench_bwd',
+  'command': 'benchmarks/bench_bwd.py --dims 128 --seqs 2048,8192 --no-gqa --dv-pairs 192x128 '
+             '--reps 5 --json benchmarks/results/bench_bwd_dv_h100_4bf0669.json',
+  'device': 'NVIDIA H100 80GB HBM3',
+  'torch': '2.11.0+cu130',
+  'date': '2026-12-06',
+  'commit': '4bf0669',
+  'file': 'benchmarks/results/bench_bwd_dv_h100_4bf0669.json',
+  'head_dims': [192]}]
 
 ROWS = [
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 64, 'seqlen': 512, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 1.0747, 'source': 20},
@@ -291,6 +300,10 @@ ROWS = [
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 192, 'seqlen': 2048, 'case': 'full', 'gqa': False, 'walk': 1, 'speedup': 1.1976, 'source': 20},
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 192, 'seqlen': 8192, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 1.1544, 'source': 19},
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 192, 'seqlen': 8192, 'case': 'full', 'gqa': False, 'walk': 1, 'speedup': 1.2931, 'source': 20},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 192, 'head_dim_v': 128, 'seqlen': 2048, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 0.8574, 'source': 28},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 192, 'head_dim_v': 128, 'seqlen': 2048, 'case': 'full', 'gqa': False, 'walk': 1, 'speedup': 1.3085, 'source': 28},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 192, 'head_dim_v': 128, 'seqlen': 8192, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 0.8136, 'source': 28},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 192, 'head_dim_v': 128, 'seqlen': 8192, 'case': 'full', 'gqa': False, 'walk': 1, 'speedup': 1.4023, 'source': 28},
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 256, 'seqlen': 512, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 0.9584, 'source': 20},
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 256, 'seqlen': 512, 'case': 'full', 'gqa': False, 'walk': 1, 'speedup': 1.1121, 'source': 20},
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'cudnn', 'masked': False, 'head_dim': 256, 'seqlen': 1024, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 0.9533, 'source': 20},
@@ -339,6 +352,10 @@ ROWS = [
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'efficient', 'masked': False, 'head_dim': 192, 'seqlen': 2048, 'case': 'full', 'gqa': False, 'walk': 1, 'speedup': 11.2841, 'source': 19},
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'efficient', 'masked': False, 'head_dim': 192, 'seqlen': 8192, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 11.378, 'source': 19},
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'efficient', 'masked': False, 'head_dim': 192, 'seqlen': 8192, 'case': 'full', 'gqa': False, 'walk': 1, 'speedup': 10.8207, 'source': 20},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'efficient', 'masked': False, 'head_dim': 192, 'head_dim_v': 128, 'seqlen': 2048, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 9.7775, 'source': 28},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'efficient', 'masked': False, 'head_dim': 192, 'head_dim_v': 128, 'seqlen': 2048, 'case': 'full', 'gqa': False, 'walk': 1, 'speedup': 10.3431, 'source': 28},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'efficient', 'masked': False, 'head_dim': 192, 'head_dim_v': 128, 'seqlen': 8192, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 10.4907, 'source': 28},
+    {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'efficient', 'masked': False, 'head_dim': 192, 'head_dim_v': 128, 'seqlen': 8192, 'case': 'full', 'gqa': False, 'walk': 1, 'speedup': 9.9704, 'source': 28},
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'efficient', 'masked': False, 'head_dim': 256, 'seqlen': 512, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 3.7881, 'source': 19},
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'efficient', 'masked': False, 'head_dim': 256, 'seqlen': 512, 'case': 'full', 'gqa': False, 'walk': 1, 'speedup': 4.6549, 'source': 19},
     {'device': 'NVIDIA H100 80GB HBM3', 'stock': 'efficient', 'masked': False, 'head_dim': 256, 'seqlen': 1024, 'case': 'causal', 'gqa': False, 'walk': 1, 'speedup': 4.7753, 'source': 19},

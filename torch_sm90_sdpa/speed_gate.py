@@ -71,16 +71,19 @@ def row_path(row) -> str:
 
 
 def routed_lengths_from_table(rows, stock: str, masked: bool, case: Optional[str] = None,
-                              paths: Optional[Sequence[str]] = None) -> dict:
+                              paths: Optional[Sequence[str]] = None,
+                              head_dim_v: Optional[int] = None) -> dict:
     """{head dim: ((first, last), ...)}: the key-length ranges where every measured row is
     MIN_SPEEDUP faster, each from a passing measured length through the following passing ones
     (last None: through every longer length; the longest measured one passed). Rows of one case
     only when `case` is given; only the rows of these code paths (:func:`row_path`) when `paths`
-    is given (an MHA call's gate is not held back by GQA rows, which time other code). A head
-    dim without a passing length is absent."""
+    is given (an MHA call's gate is not held back by GQA rows, which time other code); only the
+    rows of v head dim `head_dim_v` (None: the rows with Dv == D, which carry no head_dim_v).
+    A head dim without a passing length is absent."""
     by_dim: dict = {}
     for r in rows:
         if (r["stock"] == stock and r["masked"] == masked and case in (None, r["case"])
+                and r.get("head_dim_v") == head_dim_v
                 and (paths is None or row_path(r) in paths)):
             by_dim.setdefault(r["head_dim"], []).append(r)
     out = {}
@@ -236,14 +239,50 @@ def _masked_faster_than_stock(call: AttentionBackwardCall, model: Optional[str])
                          "enable(only_faster=False) routes it anyway")
 
 
+# Calls with a v head dim Dv != D (a (D, Dv) pair built on request, TILES_DV) by the rows of
+# that pair alone (bench_bwd --dv-pairs; rows with head_dim_v): unmasked MHA calls only, the
+# pair's only measured shapes. (192, 128) on an H100 (4bf0669): 1.31x / 1.40x cuDNN at 2k / 8k
+# keys without a mask, 0.86x / 0.81x causal; about 10x the memory-efficient backward. A model
+# without rows of the pair takes every model's, as the forward's gate does.
+DV_MEASURED = tuple(sorted({r["head_dim_v"] for r in speed_table.ROWS if "head_dim_v" in r}))
+
+
+@functools.lru_cache(maxsize=None)
+def dv_gate_lengths(device: Optional[str], stock: str, case: str, head_dim_v: int) -> dict:
+    """{head dim: ranges} of unmasked MHA calls with v head dim `head_dim_v` != D, against stock
+    backward `stock`, on GPU model `device` (None: a model the table has no rows of)."""
+    rows = [r for r in speed_table.ROWS if r.get("head_dim_v") == head_dim_v]
+    rows = [r for r in rows if r["device"] == device] or rows
+    return routed_lengths_from_table(rows, stock, False, case, paths=(PATH_MHA,),
+                                     head_dim_v=head_dim_v)
+
+
+def _dv_faster_than_stock(call: AttentionBackwardCall, model: Optional[str]) -> Decision:
+    head_dim, head_dim_v = call.q.size(-1), call.v.size(-1)
+    pair = f"Dv != D (D = {head_dim}, Dv = {head_dim_v})"
+    if call.has_mask:
+        return _no(R_SLOWER, f"{pair} with a mask: no measured rows; "
+                             "enable(only_faster=False) routes it anyway")
+    if not _known(call.q.size(1) == call.k.size(1)):
+        return _no(R_SLOWER, f"{pair}, GQA: no measured rows (MHA only); "
+                             "enable(only_faster=False) routes it anyway")
+    case = "causal" if call.is_causal else "full"
+    lengths = dv_gate_lengths(model, call.backend, case, int(head_dim_v))
+    if in_routed_lengths(call.k.size(2), lengths.get(head_dim, ())):
+        return ROUTE
+    return _no(R_SLOWER, f"{pair}, {case}, Sk = {call.k.size(2)}: ours measured faster "
+                         f"{_measured_on(model)} than the {call.backend} backward only for "
+                         f"{case} {describe_lengths(lengths)}; enable(only_faster=False) routes "
+                         "it anyway")
+
+
 def faster_than_stock(call: AttentionBackwardCall) -> Decision:
     """The speed gate: route only where our kernel measured faster than the stock one, on the
-    call's GPU model (:func:`gate_tables`)."""
+    call's GPU model (:func:`gate_tables`; Dv != D: :func:`dv_gate_lengths`)."""
     head_dim, head_dim_v = call.q.size(-1), call.v.size(-1)
-    if not _known(head_dim_v == head_dim):  # (the rows are keyed by D alone, with Dv == D)
-        return _no(R_SLOWER, f"Dv != D (D = {head_dim}, Dv = {head_dim_v}): no measured rows; "
-                             "enable(only_faster=False) routes it anyway")
     model = gate_device(call.device)
+    if not _known(head_dim_v == head_dim):
+        return _dv_faster_than_stock(call, model)
     if call.has_mask:
         return _masked_faster_than_stock(call, model)
     if call.backend != "cudnn":
@@ -279,6 +318,8 @@ def gate_fingerprint(model: Optional[str]) -> tuple:
                     for case, t in walked_gqa_faster_than_cudnn_lengths(g, model).items()))
          for g in WALKED_GROUPS],
         sorted(tables.masked.items()),
+        [(dv, stock, case, sorted(dv_gate_lengths(model, stock, case, dv).items()))
+         for dv in DV_MEASURED for stock in ("cudnn", "efficient") for case in UNMASKED_CASES],
     )
 
 
