@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import torch_sm90_sdpa
 from conftest import as_bias, padding, requires_sm90_kernels, sliding_window
 from test_cuda_backward import assert_bitwise_repeatable, assert_close_to_reference
+from test_cuda_compile import compile_env  # noqa: F401  (a fixture)
 from torch_sm90_sdpa import _extension
 
 pytestmark = requires_sm90_kernels
@@ -273,30 +274,21 @@ def test_drop_in_against_fp64(dtype, is_causal, heads):
 
 # ---- the compile route ------------------------------------------------------------------------
 
-def test_compile_route_takes_the_pair_where_the_gate_routes():
+def test_compile_route_takes_the_pair_where_the_gate_routes(compile_env):
     """enable()'s default (the speed gate: the pair's own rows, speed_gate.dv_gate_lengths)
     replaces the stock backward node of an unmasked, non-causal MHA call of the pair at 2048
     keys by ours, whose gradients meet the criterion against float64."""
-    from torch_sm90_sdpa import routing
-
     dtype = torch.bfloat16
     need_pair(dtype)
     q, k, v, dout = make_inputs(1, 4, 4, 2048, 2048, dtype, layout="bshd", seed=7)
     qs, ks, vs = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    routing.disable()
-    torch._dynamo.reset()
-    routing.reset_stats()
-    try:
-        with torch_sm90_sdpa.enable():
-            f = torch.compile(lambda a, b, c: F.scaled_dot_product_attention(a, b, c))
-            out = f(qs, ks, vs)
-            kernel_calls = _extension.load().cuda_calls()
-            dq, dk, dv = torch.autograd.grad(out, (qs, ks, vs), dout)
-            ran = _extension.load().cuda_calls() - kernel_calls
-        stats = torch_sm90_sdpa.routing_stats()
-    finally:
-        routing.disable()
-        torch._dynamo.reset()
+    with torch_sm90_sdpa.enable():
+        f = torch.compile(lambda a, b, c: F.scaled_dot_product_attention(a, b, c))
+        out = f(qs, ks, vs)
+        kernel_calls = _extension.load().cuda_calls()
+        dq, dk, dv = torch.autograd.grad(out, (qs, ks, vs), dout)
+        ran = _extension.load().cuda_calls() - kernel_calls
+    stats = torch_sm90_sdpa.routing_stats()
     assert sum(stats["routed_nodes"].values()) == 1 and not stats["not_routed"], stats
     assert ran == 1, (ran, stats)  # the backward ran our kernel
     scale = 1.0 / math.sqrt(D)

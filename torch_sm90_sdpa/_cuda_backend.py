@@ -299,10 +299,9 @@ def _num_sms(device: torch.device) -> int:
 
 
 # 0 by default: with a slack the block max's own P is 2^(up to slack) instead of exactly 1, and
-# its bf16 rounding (2^-9 relative) lands on the row's heaviest weight; a test case
-# (d192, 333 queries, 200 keys) then had 2.7x stock's error of float64 (5.7e-3 against 2.1e-3),
-# where slack 0 keeps within 1.4x in a CPU emulation of 72 cases. Slack 0 ran 0.96-1.05x
-# of slack 8's speed at d128 (H100, 23b437f, docs/FORWARD.md).
+# its bf16 rounding (2^-9 relative) lands on the row's heaviest weight. With slack 8 a test case
+# (d192, 333 queries, 200 keys) has 2.7x stock's error of float64 (5.7e-3 against 2.1e-3);
+# docs/FORWARD.md has the precision and speed of each (slack 0: 0.96-1.05x slack 8's at d128).
 _DEFAULT_RESCALE_SLACK = 0.0
 
 

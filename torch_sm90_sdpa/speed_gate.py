@@ -333,8 +333,9 @@ def gate_fingerprint(model: Optional[str]) -> tuple:
 # all-True mask, or bounded from the full and causal rows where a file predates that column),
 # since the gate cannot see how much a mask hides. The other
 # forwards stay on stock: unmasked, ours measured 0.77-1.14x of cuDNN (H100, e3e9d59,
-# BENCHMARKS.md "Forward": faster only on 4 of 20 rows, all at 8k keys, by 2.5-14%); so do additive masks whose tiles ours
-# reads from the elements (fp16, per head: eligibility.additive_mask_slower_forward; 0.31-0.48x
+# BENCHMARKS.md "Forward": faster on 4 of 20 rows, all at 8k keys, by 2.5-14%); so do
+# additive masks whose tiles ours reads from the elements (fp16, per head:
+# eligibility.additive_mask_slower_forward; 0.31-0.48x
 # of cuDNN's masked forward at d64 / d96 / d128, 0.86-1.13x at d192 / d256). A bf16 / fp32
 # additive mask broadcast over heads takes the boolean rows: its fill counts as hidden, so ours
 # runs it as it runs the boolean mask. The memory-efficient forward was not measured.
