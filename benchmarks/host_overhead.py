@@ -15,12 +15,17 @@ call is then the host path (the GPU keeps up). Rows:
     F.scaled_dot_product_attention on cuDNN likewise) and through the ops called directly
     (sdpa, then sdpa_backward): what the entry points cost the host over the ops.
 
-    python benchmarks/host_overhead.py [--json OUT.json]
+    python benchmarks/host_overhead.py [--json OUT.json] [--profile CALLS]
 
-Interleaved rounds; the median of the rounds' per-call means is printed.
+Interleaved rounds; the median of the rounds' per-call means is printed. --profile CALLS then
+runs each forward + backward row CALLS more times under torch.profiler and cProfile and prints
+where its host time goes: the ops by self CPU time, and the Python functions by their own time.
 """
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import time
 
@@ -51,6 +56,34 @@ def per_call_us(fn, n):
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / n * 1e6
+
+
+def profile_rows(rows, calls, sync, cuda=True, top=20):
+    """Per row (name -> fn): `calls` calls under torch.profiler (the ops by self CPU time, and
+    their CUDA time where `cuda`) and under cProfile (the Python functions by their own time),
+    printed; sync() ends each run (torch.cuda.synchronize on the GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    for name, fn in rows.items():
+        sync()
+        with profile(activities=activities) as prof:
+            for _ in range(calls):
+                fn()
+            sync()
+        print(f"\n== {name}: {calls} calls under torch.profiler, ops by self CPU time")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+        py = cProfile.Profile()
+        sync()
+        py.enable()
+        for _ in range(calls):
+            fn()
+        sync()
+        py.disable()
+        text = io.StringIO()
+        pstats.Stats(py, stream=text).sort_stats("tottime").print_stats(top)
+        print(f"== {name}: {calls} calls under cProfile, functions by own time")
+        print(text.getvalue())
 
 
 def _public_path_rows(q, k, v, do, scale):
@@ -86,6 +119,8 @@ def main():
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                    help="then profile each forward + backward row over CALLS calls")
     args = ap.parse_args()
 
     shape = (1, 2, 128, 128)
@@ -122,7 +157,8 @@ def main():
                 do, q, k, v, o[0], o[1], o[6], o[7], None, o[2], o[3], o[4], o[5], 0.0, True,
                 scale=scale),
     }
-    rows.update(_public_path_rows(q, k, v, do, scale))
+    public = _public_path_rows(q, k, v, do, scale)
+    rows.update(public)
     for fn in rows.values():  # warm up
         for _ in range(20):
             fn()
@@ -140,6 +176,8 @@ def main():
             json.dump({"us_per_call": result, "samples": samples,
                        "device": torch.cuda.get_device_name(), "torch": torch.__version__}, f,
                       indent=1)
+    if args.profile > 0:
+        profile_rows(public, args.profile, torch.cuda.synchronize)
     del lib
 
 

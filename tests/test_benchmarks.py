@@ -480,3 +480,23 @@ def test_bench_fwd_ab_columns_parse_and_refuse_the_kernel_switch():
     for bad in ["noequals", ":A=1", "in_turn:TORCH_SM90_SDPA_FWD_OVERLAP=0"]:
         with pytest.raises(SystemExit, match="--ab"):
             bench_fwd.parse_ab([bad])
+
+
+def test_host_overhead_profile_prints_ops_and_python_functions(capsys):
+    """benchmarks/host_overhead.py --profile: per row, the ops by self CPU time (torch.profiler)
+    and the Python functions by their own time (cProfile), over the calls asked for."""
+    host_overhead = _load("host_overhead_under_test", "benchmarks/host_overhead.py")
+    a = torch.randn(4, 4, requires_grad=True)
+    calls = []
+
+    def row():
+        calls.append(1)
+        return torch.autograd.grad((a @ a).sum(), a)
+
+    host_overhead.profile_rows({"matmul and its gradient": row}, 7, lambda: None, cuda=False, top=5)
+    text = capsys.readouterr().out
+    assert len(calls) == 14  # the calls asked for, under each profiler
+    assert "== matmul and its gradient: 7 calls under torch.profiler" in text
+    assert "aten::mm" in text and "Self CPU" in text
+    assert "== matmul and its gradient: 7 calls under cProfile" in text
+    assert "autograd/__init__.py" in text and "(grad)" in text
