@@ -22,9 +22,9 @@ BENCHMARKS.md's tables from the same list.
     python tools/speed_table.py FILE.json ... [-o ...]                         # these instead
 
 FORWARD_ROWS come from bench_fwd's rows: ours' forward with a boolean mask against cuDNN's masked
-forward. The gate cannot see at
-compile time how much of a mask is hidden, and cuDNN's masked time does not depend on it (it
-applies the mask densely) while ours grows to that of a mask hiding nothing. So a row's speedup
+forward. The gate cannot see at compile time how much of a mask is hidden, and cuDNN's masked
+time does not depend on it (it applies the mask densely) while ours grows to that of a mask
+hiding nothing. So a row's speedup
 is that of a mask that hides nothing: measured (the full row's `cudnn_mask_dense` over
 `ours_mask_dense`, an all-True bool mask) where the file has it, else bounded from the causal
 row (cuDNN's causal-mask time over our full forward's time plus what the causal mask cost ours:
