@@ -144,12 +144,13 @@ void run_bwd_main(const BwdParams& params, cudaStream_t stream) {
     return;
   }
   if constexpr (Configs::kHasFullTile) {
-    // causal and full calls (causal measured 3% faster at 8k keys on d128's 80 x 128 tile);
-    // the tile classes and the deterministic semaphores are laid out by the default tile
-    // (up to kFullTileMinQueries queries the default tile, instantiations/tile_configs.h: its
-    // 64-row m-blocks divide 512 exactly where the 80-row ones round 512 up to 560, 9% of
-    // padded rows)
-    if (!params.deterministic && params.seqlen_q > kFullTileMinQueries) {
+    // causal and full calls (causal measured 3% faster at 8k keys on d128's 80 x 128 tile),
+    // deterministic too: the dQ semaphores are laid out for the default tile's m-blocks, at
+    // least as many as the full tile's (up to kFullTileMinQueries queries the default tile,
+    // instantiations/tile_configs.h: its 64-row m-blocks divide 512 exactly where the 80-row
+    // ones round 512 up to 560, 9% of padded rows)
+    static_assert(Full::kBlockM >= Default::kBlockM, "the dQ semaphores cover the full tile's m-blocks");
+    if (params.seqlen_q > kFullTileMinQueries) {
       launch_bwd_main<kDType, kHeadDim, false, Full>(params, stream);
       return;
     }

@@ -293,21 +293,23 @@ def main_kernel_names(*args):
     return [e.key for e in prof.key_averages() if "bwd_main_kernel" in e.key]
 
 
-@pytest.mark.parametrize("case", ["full", "causal", "deterministic", "threshold queries",
-                                  "threshold + 1 queries"])
-def test_full_tile_serves_calls_not_deterministic(case):
-    """The full-tile kernel runs the d128 calls of more than FULL_TILE_MIN_QUERIES queries that
-    are not deterministic, causal or full; deterministic ones keep the default tile, by which the
-    deterministic semaphores are laid out, and so do calls of up to FULL_TILE_MIN_QUERIES
-    queries (where 64-row m-blocks pad 512 queries to none and 80-row ones pad them to 560)."""
+@pytest.mark.parametrize("case", ["full", "causal", "deterministic", "deterministic causal",
+                                  "threshold queries", "threshold + 1 queries"])
+def test_full_tile_serves_long_dense_calls(case):
+    """The full-tile kernel runs the d128 calls without a mask of more than
+    FULL_TILE_MIN_QUERIES queries, causal or full, deterministic or not (the dQ semaphores,
+    laid out for the default tile's 64-row m-blocks, cover its 80-row ones); calls of up to
+    FULL_TILE_MIN_QUERIES queries keep the default tile (where 64-row m-blocks pad 512 queries
+    to none and 80-row ones pad them to 560)."""
     need_variant(128, torch.bfloat16)
     sq = {"threshold queries": _T, "threshold + 1 queries": _T + 1}.get(case, _T + 32)
     q, k, v, dout = make_inputs(1, 2, 2, sq, sq, 128, torch.bfloat16)  # (FA2's causal: Sq = Sk)
-    causal = case == "causal"
+    causal = "causal" in case
     out, lse = stock_forward(q, k, v, causal, 1 / math.sqrt(128))
-    names = main_kernel_names(dout, q, k, v, out, lse, causal, 1 / math.sqrt(128), case == "deterministic")
+    names = main_kernel_names(dout, q, k, v, out, lse, causal, 1 / math.sqrt(128),
+                              case.startswith("deterministic"))
     assert len(names) == 1, names
-    full_tile = case not in ("deterministic", "threshold queries")
+    full_tile = case != "threshold queries"
     assert ("FullBwdConfig<128>" in names[0]) == full_tile, names[0]
 
 
