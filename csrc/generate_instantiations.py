@@ -10,7 +10,7 @@ generated from them or checked against them:
   csrc/instantiations/bwd_main_<dtype>_hdim<D>_masked.cu   per variant: the kernel with a mask
                                    (two files: they compile in parallel)
   csrc/instantiations/bwd_main_<dtype>_hdim<D>_full.cu   head dims of TILES_FULL: the dense
-                                   kernel with the tile of calls that are not deterministic
+                                   kernel with the tile of long calls
   csrc/instantiations/bwd_main_<dtype>_hdim<D>x<Dv>[_masked].cu   per (D, Dv) pair of TILES_DV
                                    (v head dim Dv != D): its dense kernel with run_bwd_main,
                                    its masked kernel
@@ -132,10 +132,11 @@ FWD_TILES: Dict[int, FwdTile] = {
 # A masked kernel's key block divides kFwdTile (128): 64-key blocks read half of a classified
 # tile (fwd_kernel.h, block_class).
 
-# Head dims whose dense kernel has a tile of its own for calls that are not deterministic
-# (causal or full; FullBwdConfig<D>: a third kernel in bwd_main_<dtype>_hdim<D>_full.cu). The
-# masked and deterministic kernels keep TILES' tile: the mask classification and the
-# deterministic semaphores are laid out by it.
+# Head dims whose dense kernel has a tile of its own for long calls (causal or full,
+# deterministic or not; FullBwdConfig<D>: a third kernel in bwd_main_<dtype>_hdim<D>_full.cu).
+# The masked kernel keeps TILES' tile: the mask classification is laid out by it. The
+# deterministic dQ semaphores are laid out by TILES' m-blocks, at least as many as the full
+# tile's (block_m no smaller).
 TILES_FULL: Dict[int, Tile] = {
     128: Tile(block_m=80, block_n=128, mma_wg=2, stages_q=2, stages_do=2, stages_ds=2,
               swap_sdp=True, swap_dkv=False, atom_m_sdp=1, atom_n_dkv=2, atom_m_dq=1, dq_slices=1,
@@ -144,6 +145,9 @@ TILES_FULL: Dict[int, Tile] = {
 # (a full tile keeps the default tile's key block: the split tail's workspace is sized by it,
 # registration/bwd_device.cpp)
 assert all(t.block_n == TILES[d].block_n for d, t in TILES_FULL.items())
+# (nor fewer query rows: the deterministic dQ semaphores, laid out by TILES' m-blocks, cover
+# its m-blocks)
+assert all(t.block_m >= TILES[d].block_m for d, t in TILES_FULL.items())
 
 # (D, Dv) pairs with a value head dim Dv != D (DeepSeek-style multi-head latent attention: q / k
 # 192, v 128) and their tile (kernel::DefaultBwdConfigDv<D, Dv>; a build token "192x128" in
@@ -158,14 +162,14 @@ TILES_DV: Dict[Tuple[int, int], Tile] = {
 # spills with 24 KB less shared memory (V and dO 128 wide).
 assert all(dv != d and t.swap_dkv and dv % 64 == 0 and (t.block_m, t.block_n) ==
            (TILES[d].block_m, TILES[d].block_n) for (d, dv), t in TILES_DV.items())
-# run_bwd_main's choice for a dense call that is not deterministic: the full tile past this
+# run_bwd_main's choice for a dense call: the full tile past this
 # many queries, else the default tile. The one statement of the number: tile_configs_header()
 # writes it into C++ as sm90_sdpa::kFullTileMinQueries.
 FULL_TILE_MIN_QUERIES = 768
 
 
 def dense_tile(head_dim: int, seqlen_q: int) -> "Tile":
-    """The tile of a dense, non-deterministic call of this head dim and query length."""
+    """The tile of a dense call (no mask) of this head dim and query length."""
     if head_dim in TILES_FULL and seqlen_q > FULL_TILE_MIN_QUERIES:
         return TILES_FULL[head_dim]
     return TILES[head_dim]
@@ -371,7 +375,7 @@ def instantiation_source(dtype: str, head_dim: int, kind: str = "dense",
                 + "template void " + launch % ("false", default_cfg)
                 + f"template void run_bwd_main<{run_args}>(const BwdParams&, cudaStream_t);\n")
     what = {"masked": "with a mask.\n",
-            "full": "without a mask, tile of calls that are not deterministic.\n",
+            "full": "without a mask, tile of long calls.\n",
             "dense": "without a mask; run_bwd_main.\n"}[kind]
     dims = f"head dim {head_dim}" + (f", v head dim {head_dim_v}" if pair else "")
     return (
@@ -471,12 +475,12 @@ def tile_configs_header() -> str:
     lines.append("\n// (D, Dv) pairs, v head dim Dv != D (TILES_DV); the last argument is Dv\n")
     for (d, dv), t in sorted(TILES_DV.items()):
         lines.append(f"template <> struct DefaultBwdConfigDv<{d}, {dv}>\n    : {config(d, t, dv)} {{}};\n")
-    lines.append("\n// the dense kernel's tile for calls that are not deterministic (TILES_FULL)\n")
+    lines.append("\n// the dense kernel's tile for long calls (TILES_FULL)\n")
     for d, t in sorted(TILES_FULL.items()):
         lines.append(f"template <> struct FullBwdConfig<{d}>\n    : {config(d, t)} {{\n"
                      "  static constexpr bool kHasFullTile = true;\n};\n")
     lines.append("\n}  // namespace kernel\n\n")
-    lines.append("// run_bwd_main's choice for a dense call that is not deterministic: a head dim's full\n"
+    lines.append("// run_bwd_main's choice for a dense call: a head dim's full\n"
                  "// tile (FullBwdConfig<D>) past this many queries, else the default tile\n"
                  "// (FULL_TILE_MIN_QUERIES).\n"
                  f"constexpr int kFullTileMinQueries = {FULL_TILE_MIN_QUERIES};\n\n"
@@ -489,7 +493,7 @@ def tile_table_markdown() -> str:
     rows = ["| D | tile (M x N) | MMA WGs | stages Q/dO/dS | S, dP | dV, dK | dQ slices |",
             "|---|---|---|---|---|---|---|"]
     tiles = [(str(d), t) for d, t in sorted(TILES.items())]
-    tiles += [(f"{d}, not deterministic", t) for d, t in sorted(TILES_FULL.items())]
+    tiles += [(f"{d}, dense past {FULL_TILE_MIN_QUERIES} queries", t) for d, t in sorted(TILES_FULL.items())]
     tiles += [(f"{d} (Dv {dv})", t) for (d, dv), t in sorted(TILES_DV.items())]
     for d, t in tiles:
         sdp = ("S^T = K Q^T (swapped)" if t.swap_sdp else

@@ -240,7 +240,7 @@ def test_strided_views(dtype, head_dim, layout, is_causal):
     dq, dk, dv = run_case(2, 4, 4, 1000, 1000, head_dim, dtype, is_causal, layout=layout)
 
 
-# d128 calls without a mask that are not deterministic run the 80 x 128 full-tile kernel
+# d128 calls without a mask, deterministic or not, run the 80 x 128 full-tile kernel
 # (TILES_FULL in csrc/generate_instantiations.py) past FULL_TILE_MIN_QUERIES queries; up to it
 # the default 64 x 128 tile (csrc/bwd_main_launch_template.h). Lengths that are not multiples of the
 # full tile's 80-row m-blocks, among them ones whose last m-block reaches past the rounded length

@@ -73,8 +73,8 @@ struct BwdTileConfig {
 template <int kHeadDim>
 struct DefaultBwdConfig;
 
-// The tile of the dense kernel for calls that are not deterministic (causal or full), where a
-// head dim has one of its own (TILES_FULL in csrc/generate_instantiations.py); else the
+// The tile of the dense kernel for long calls (causal or full), where a head dim has one of
+// its own (TILES_FULL in csrc/generate_instantiations.py); else the
 // default tile. kHasFullTile: whether run_bwd_main has a third kernel for those calls.
 template <int kHeadDim>
 struct FullBwdConfig : DefaultBwdConfig<kHeadDim> {
@@ -86,8 +86,8 @@ struct FullBwdConfig : DefaultBwdConfig<kHeadDim> {
 template <int kHeadDim, int kHeadDimV>
 struct DefaultBwdConfigDv;
 
-// run_bwd_main's tiles of a (D, Dv) variant: Default (masked, deterministic and the dense
-// kernel's default) and, kHasFullTile, Full (dense, not deterministic, long query lengths).
+// run_bwd_main's tiles of a (D, Dv) variant: Default (masked, and the dense kernel's default)
+// and, kHasFullTile, Full (dense, long query lengths, deterministic or not).
 template <int kHeadDim, int kHeadDimV>
 struct BwdConfigs {
   using Default = DefaultBwdConfigDv<kHeadDim, kHeadDimV>;
