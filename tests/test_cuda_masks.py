@@ -52,12 +52,21 @@ def make_mask(kind, b, hq, sq, sk, dtype):
         return m.to(DEV, dtype)
     elif kind == "additive 0/-inf [B,1,Sq,Sk]":
         return as_bias(padding(b, sq, sk, [sk, sk - 100][:b]), dtype).to(DEV)
+    elif kind == "left padding, dtype minimum":  # transformers' additive form: fill rows
+        keep = padding(b, sq, sk, [sk - 40, sk, sk - 3][:b], left=True)
+        return min_fill(keep, dtype).to(DEV)
     elif kind.startswith("cuDNN fill "):  # a bool mask as torch hands it to cuDNN: 0 / -65504
         m = make_mask(kind[len("cuDNN fill "):], b, hq, sq, sk, dtype)
         return cudnn_fill(m, dtype)
     else:
         raise ValueError(kind)
     return m.to(DEV)
+
+
+def min_fill(mask, dtype):
+    """A bool mask in transformers' additive form: 0 attend, the dtype's minimum masked."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+        ~mask, torch.finfo(dtype).min)
 
 
 def cudnn_fill(mask, dtype):
@@ -110,15 +119,21 @@ def stock_grads(q, k, v, dout, mask, is_causal, scale):
     return grads
 
 
-def run_masked(kind, b, hq, hkv, sq, sk, d, dtype, is_causal=False, mask_dtype=None, seed=0,
-               deterministic=False, repeats=19):
-    """deterministic: the kernel's deterministic mode, and `repeats` more runs bitwise equal."""
-    need_variant(d, dtype)
+def _masked_inputs(b, hq, hkv, sq, sk, d, dtype, seed=0):
+    """q, k, v (a [B, S, H, D] layout transposed) and dout of run_masked for `seed`."""
     torch.manual_seed(seed)
     q = torch.randn(b, sq, hq, d, device=DEV).to(dtype).transpose(1, 2)
     k = torch.randn(b, sk, hkv, d, device=DEV).to(dtype).transpose(1, 2)
     v = torch.randn(b, sk, hkv, d, device=DEV).to(dtype).transpose(1, 2)
     dout = torch.randn(b, hq, sq, d, device=DEV).to(dtype)
+    return q, k, v, dout
+
+
+def run_masked(kind, b, hq, hkv, sq, sk, d, dtype, is_causal=False, mask_dtype=None, seed=0,
+               deterministic=False, repeats=19):
+    """deterministic: the kernel's deterministic mode, and `repeats` more runs bitwise equal."""
+    need_variant(d, dtype)
+    q, k, v, dout = _masked_inputs(b, hq, hkv, sq, sk, d, dtype, seed)
     mask = make_mask(kind, b, hq, sq, sk, mask_dtype or dtype)
     scale = 1 / math.sqrt(d)
     o64, lse64 = reference_out_lse(q, k, v, mask, is_causal, scale)
@@ -203,6 +218,106 @@ def test_rows_without_keys_give_zero_gradients():
     dq, dk, dv, mask = run_masked("rows without keys", 1, 2, 2, 300, 300, 128, torch.bfloat16)
     empty_rows = ~mask.any(-1)
     assert (dq[:, :, empty_rows] == 0).all() and torch.isfinite(dk).all()
+
+
+def assert_fill_rows_match_fp64(ours, ref, rows, keys, name):
+    """The gradients that fill rows give (dq on those rows, dk / dv on the keys only they see)
+    within bf16's error of float64, wherever stock stands there."""
+    dq, dk, dv = ours
+    rdq, rdk, rdv = ref
+    for got, want, what in ((dq[..., rows, :], rdq[..., rows, :], "dq"),
+                            (dk[..., keys, :], rdk[..., keys, :], "dk"),
+                            (dv[..., keys, :], rdv[..., keys, :], "dv")):
+        err = (got.double() - want).norm() / want.norm()
+        assert want.norm() > 0 and err < 2e-2, f"{name} {what}: rel err {err:.3e} on the fill rows"
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("heads,head_dim", [((4, 4), 128), ((8, 2), 64), ((4, 1), 256)],
+                         ids=["mha-d128", "gqa-d64", "mqa-d256"])
+def test_fill_rows_get_sdpas_uniform_weight_gradients(mask_dtype, heads, head_dim):
+    """Left padding in transformers' additive form (the dtype's minimum as fill): batch 0's
+    first 40 queries see no key but the fill, and SDPA (float64 here) gives them uniform
+    weights over the fill's keys, so their gradients are not 0. The classification tags those
+    rows with their fill's key count and the kernel gives them P = 1 / n (csrc/numeric.h)."""
+    dq, dk, dv, mask = run_masked("left padding, dtype minimum", 2, heads[0], heads[1], 300, 300,
+                                  head_dim, torch.bfloat16, mask_dtype=mask_dtype)
+    q, k, v, dout = _masked_inputs(2, heads[0], heads[1], 300, 300, head_dim, torch.bfloat16)
+    _, rdq, rdk, rdv = reference_grads_fp64_masked(q, k, v, dout, mask, False, head_dim ** -0.5)
+    assert_fill_rows_match_fp64((dq[:1], dk[:1], dv[:1]), (rdq[:1], rdk[:1], rdv[:1]),
+                                slice(0, 40), slice(0, 40), f"{mask_dtype}")
+
+
+@pytest.mark.parametrize("fill_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_classification_tags_fill_rows_with_their_key_count(fill_dtype, is_causal):
+    """A row that sees no key but the clamped fill (the minimum of bf16 / fp32) gets its
+    lse_log2 replaced by 0xFFC00000 | n, n its fill's keys inside the key tail and the causal
+    cut; every tile of its query block is computed per element with the fill rows weighed
+    (class 4). Rows that see a key, and rows whose every key is -inf, keep the preprocess's
+    lse_log2."""
+    from torch_sm90_sdpa import _cuda_backend as cb
+
+    need_variant(128, torch.bfloat16)
+    b, h, sq, sk = 2, 2, 300, 500
+    minimum = torch.finfo(fill_dtype).min
+    mask = torch.zeros(b, 1, sq, sk, dtype=fill_dtype)
+    mask[0, 0, :, 200:] = minimum          # rows see keys 0..199
+    mask[0, 0, 5] = minimum                # row 5: the fill only
+    mask[0, 0, 9, :100] = minimum          # row 9: the fill and -inf only
+    mask[0, 0, 9, 100:] = float("-inf")
+    mask[0, 0, 11] = float("-inf")         # row 11: no key at all (not a fill row)
+    mask[1, 0, 250:, :] = minimum          # batch 1, rows 250..299: the fill only
+    mask = mask.to(DEV)
+    q = torch.randn(b, h, sq, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(b, h, sk, 128, device=DEV, dtype=torch.bfloat16)
+    lse = torch.zeros(b, h, sq, device=DEV)
+    classes, raw = cb.tile_classes(mask, q, k, is_causal=is_causal, lse=lse, scale=128 ** -0.5,
+                                   lse_log2=True)
+    u = raw.cpu().to(torch.int64) & 0xFFFFFFFF
+    tagged = (u & 0xFFC00000) == 0xFFC00000
+    rows = torch.arange(sq)
+    in_cut = ((torch.arange(sk)[None, :] <= rows[:, None]) if is_causal
+              else torch.ones(sq, sk, dtype=torch.bool))
+    m = mask.cpu().float()
+    fill = (m == minimum) & in_cut
+    seen = ((m > float("-inf")) & (m != minimum) & in_cut).any(-1)
+    want_tagged = (fill.any(-1) & ~seen).expand(b, h, sq)  # [B, 1, Sq] -> [B, Hq, Sq]
+    assert want_tagged[0, 0, 5] and want_tagged[0, 0, 9] and not want_tagged[0, 0, 11]
+    assert torch.equal(tagged, want_tagged)
+    counts = fill.sum(-1).expand(b, h, sq)
+    assert torch.equal((u & 0x3FFFFF)[tagged], counts[tagged])
+    # untagged rows: lse * log2(e) of lse = 0
+    assert (u[~tagged] == 0).all()
+    bm = 64  # d128's m-block
+    for bi in range(b):
+        for mb in range(classes.size(-1)):
+            fill_block = bool(want_tagged[bi, 0, mb * bm:(mb + 1) * bm].any())
+            assert ((classes[bi, 0, :, mb] == 4).all() if fill_block
+                    else (classes[bi, 0, :, mb] != 4).all()), (bi, mb)
+
+
+def test_drop_in_fill_rows_match_fp64_end_to_end():
+    """The drop-in (our forward and backward) on a left-padded batch in transformers' additive
+    form, bf16 minimum as fill, GQA: out and every gradient of the fill rows within bf16's
+    error of float64 SDPA, as the rest."""
+    need_variant(128, torch.bfloat16)
+    torch.manual_seed(3)
+    b, hq, hkv, s, d = 2, 8, 2, 320, 128
+    keep = padding(b, s, s, [s - 70, s], left=True).to(DEV)  # batch 0: 70 padding keys
+    mask = min_fill(keep, torch.bfloat16)
+    q, k, v, dout = _masked_inputs(b, hq, hkv, s, s, d, torch.bfloat16)
+    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = torch_sm90_sdpa.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+    out.backward(dout)
+    rout, rdq, rdk, rdv = reference_grads_fp64_masked(q, k, v, dout, mask, False, d ** -0.5)
+    err = (out.double() - rout).norm() / rout.norm()
+    assert err < 1e-2, f"out: rel err {err:.3e}"
+    assert_fill_rows_match_fp64((qs.grad[:1], ks.grad[:1], vs.grad[:1]),
+                                (rdq[:1], rdk[:1], rdv[:1]), slice(0, 70), slice(0, 70), "drop-in")
+    for got, want, name in ((qs.grad, rdq, "dq"), (ks.grad, rdk, "dk"), (vs.grad, rdv, "dv")):
+        e = (got.double() - want).norm() / want.norm()
+        assert e < 2e-2, f"{name}: rel err {e:.3e}"
 
 
 def test_tile_classes_of_a_causal_mask():

@@ -3,7 +3,8 @@
 MHA and GQA epilogues, both tile families, masked calls (bool and additive masks, with
 empty, partial and full tiles, broadcast over heads and batch), and the deterministic mode
 (its dQ turn counters; GQA's per-q-head dK / dV; a mask) on three of them, a finite-fill
-bias (the score-bound pass of the classification), three calls of more tiles than SMs (with
+bias (the score-bound pass of the classification), a bias of bf16's minimum with rows that see
+only that fill (their tagged lse_log2 and the weights of the fill rows), three calls of more tiles than SMs (with
 TORCH_SM90_SDPA_PERSISTENT=1 in the environment, CTAs that take several tiles; d256's epilogue
 stores through the dQ staging tile), and three full calls whose last partial wave is split
 into pieces (TORCH_SM90_SDPA_SPLIT_TAIL=1, set here: fragments of tiles, their fp32 sums and
@@ -35,6 +36,8 @@ CASES = [  # (B, Hq, Hkv, Sq, Sk, D or (D, Dv), causal, mask, deterministic)
     (2, 4, 2, 260, 260, 64, False, "sliding-window bias [S,S]", False),
     (2, 2, 1, 200, 333, 256, True, "key padding bool [B,1,1,Sk]", False),
     (2, 2, 2, 300, 300, 128, False, "cudnn-fill causal bias [B,1,S,S]", False),
+    # rows of bf16's minimum only: their lse_log2 tagged, the per-element step's second pass
+    (2, 4, 2, 300, 300, 128, False, "transformers-fill bias [B,1,S,S]", False),
     (1, 2, 2, 200, 200, 128, True, None, True),
     (1, 4, 2, 130, 77, 64, False, None, True),
     (2, 4, 2, 260, 260, 64, False, "sliding-window bias [S,S]", True),

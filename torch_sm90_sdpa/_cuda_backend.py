@@ -167,17 +167,21 @@ def run_backward(params, device=None) -> None:
 
 
 def tile_classes(attn_mask, q, k, is_causal=False, lse=None, scale=1.0, ranges=False,
-                 bounds=False, bits=False):
+                 bounds=False, bits=False, lse_log2=False):
     """The mask classification kernel's verdict on this mask for q / k's problem (tests):
     uint8 [mask_batch, mask_heads, n_blocks, m_blocks], 0 empty, 1 partial (mask read per
-    element), 2 full, 3 partial as bits (every entry hidden or a zero bias).
+    element), 2 full, 3 partial as bits (every entry hidden or a zero bias), 4 partial in an
+    m-block that holds a row of the clamped fill only (bf16 / fp32 masks; see lse_log2).
     lse [B, Hq, Sq] (default zeros) and scale enter the score bounds of additive masks (the
     preprocess runs first, as in the backward). ranges=True: also the int32
     [mask_batch, mask_heads, n_blocks, 2] non-empty m-block ranges (BwdParams::tile_m_range).
     bounds=True (additive masks): also the score bounds (q_norm_max, lse_min, k_norm_max), each
     [mask_batch, mask_heads, m_blocks or n_blocks] float32. bits=True: also the visibility
     bits the classification wrote for the class-3 tiles, bool [mask_batch, mask_heads, n_blocks,
-    m_blocks, tile_m, tile_n] (meaningful on class-3 tiles only: the rest is never written)."""
+    m_blocks, tile_m, tile_n] (meaningful on class-3 tiles only: the rest is never written).
+    lse_log2=True: also the int32 bits of the lse_log2 the main kernel would read, [B, Hq, Sq]:
+    lse * log2(e) as the preprocess wrote it, or, for a row that sees only the clamped fill of
+    a bf16 / fp32 mask, 0xFFC00000 | its fill's key count (csrc/numeric.h fill_row_lse_log2)."""
     C = _module()
     v, out = k, q
     lse = torch.zeros(q.shape[:3], device=q.device) if lse is None else lse
@@ -214,6 +218,11 @@ def tile_classes(attn_mask, q, k, is_causal=False, lse=None, scale=1.0, ranges=F
         shifts = torch.arange(8, device=ws.device, dtype=torch.uint8)
         unpacked = (raw[:, None] >> shifts) & 1  # byte i holds keys 8 (i % (tn / 8)) + 0..7
         out.append(unpacked.bool().view(*inst, params.num_n_blocks, params.num_m_blocks, tm, tn))
+    if lse_log2:
+        B, Hq, Sq = q.shape[:3]
+        rows = _round(Sq, C.SEQ_ROUND)
+        raw = ws[layout.lse_log2:layout.lse_log2 + 4 * B * Hq * rows].view(torch.int32)
+        out.append(raw.view(B, Hq, rows)[..., :Sq].clone())
     return out[0] if len(out) == 1 else tuple(out)
 
 

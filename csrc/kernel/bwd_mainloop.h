@@ -891,7 +891,7 @@ struct BwdMainloop {
     // iterations that need it: kTilePartial tiles under a mask, else the causal diagonal and
     // the last key block). kMaskBits: P = 0 where the staged bits of a kTilePartialBits tile
     // are 0 (they fold in the cut and the tail).
-    auto softmax_p = [&](auto& tSrS, int m_block, int stage_q, auto mask_tag) {
+    auto softmax_p = [&](auto& tSrS, int m_block, int stage_q, auto mask_tag, bool fill_rows) {
       constexpr int kMode = decltype(mask_tag)::value;
       warpgroup_wait<kSdPByWG ? 0 : 1>();  // (by warpgroup: S is this warpgroup's only batch)
       warpgroup_fence_operand(tSrS);
@@ -919,6 +919,12 @@ struct BwdMainloop {
         // kept live across the m-loop
         int64_t const mask_offset = int64_t(launder_int(bidb)) * params.mask_batch_stride +
                                     int64_t(bidh) * params.mask_head_stride;
+        // fill_rows (kTilePartialFillRows): the tile's m-block holds a fill row, a row of a bf16
+        // / fp32 additive mask that sees no key but the clamped fill (e.g. left padding in
+        // transformers' form), whose lse_log2 the classification tagged with the fill's key
+        // count n (numeric.h). SDPA gives such a row uniform weights: its lse is taken as
+        // -FLT_MAX here, which the fill's clamped term cancels (P = 1 on the fill's keys, 0
+        // elsewhere), and P is then weighed by 1 / n.
         // bias(offset) -> the mask element's additive term in the log2 domain (-inf: masked)
         auto apply = [&](auto bias) {
           CUTLASS_PRAGMA_UNROLL
@@ -933,12 +939,24 @@ struct BwdMainloop {
               add = bias(mask_offset + int64_t(q_idx) * params.mask_row_stride +
                          int64_t(k_idx) * params.mask_col_stride);
             }
-            tSrS(i) = exp2_ftz(tSrS(i) * scale_log2 + add - tLSE(i));
+            float const lse_log2 = tLSE(i);
+            float const lse_used = fill_rows && is_fill_row(lse_log2) ? -FLT_MAX : lse_log2;
+            tSrS(i) = exp2_ftz(tSrS(i) * scale_log2 + add - lse_used);
           }
         };
-        // (kLog2e from numeric.h: the classification's dead-bias rule assumes this very product)
+        // (kLog2e from numeric.h: the classification's dead-bias rule assumes this very product;
+        // a finite entry's term is clamped to -FLT_MAX, where its P is 0 all the same in a row
+        // that sees a key, and a fill row's cancels)
         with_mask_elements</*kHasNone=*/true>(
-            params.mask_kind, params.mask, [](float b) { return b * kLog2e; }, apply);
+            params.mask_kind, params.mask,
+            [](float b) { return b == -INFINITY ? b : fmaxf(b * kLog2e, -FLT_MAX); }, apply);
+        if (fill_rows) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(tSrS); ++i) {
+            float const lse_log2 = tLSE(i);
+            if (is_fill_row(lse_log2)) tSrS(i) *= fill_row_weight(lse_log2);
+          }
+        }
       }
       // Pin P here, before the wait for dP: the exponentials overlap the dP wgmma instead of
       // being scheduled after it.
@@ -1332,7 +1350,7 @@ struct BwdMainloop {
     // One m-block; mask_tag: cute::Int<kMaskNone / kMaskValues / kMaskBits>. Forced inline:
     // with the deferred dQ slice carried from step to step, the masked kernel's three
     // instantiations were otherwise left as calls (see kDeferLastdQSlice).
-    auto bwd_step = [&](int m_block, auto mask_tag) __attribute__((always_inline)) {
+    auto bwd_step = [&](int m_block, auto mask_tag, bool fill_rows) __attribute__((always_inline)) {
       int const stage_q = read_q.index();
       int const stage_do = read_do.index();
       int const stage_ds = kStagesdS == 1 ? 0 : stage_q;
@@ -1353,7 +1371,7 @@ struct BwdMainloop {
           hand_pending_dq();
           Tensor rP = make_tensor_like<Element>(acc);
           if (s_warpgroup) {
-            softmax_p(acc, m_block, stage_q, mask_tag);
+            softmax_p(acc, m_block, stage_q, mask_tag, fill_rows);
             convert_fragment(acc, rP);
           } else {
             warpgroup_wait<0>();
@@ -1366,7 +1384,7 @@ struct BwdMainloop {
           Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, ShapeS{});  // dP, then dS
           gemm_s_dp(tSrS, tdPrdP, stage_q, stage_do);
           hand_pending_dq();
-          softmax_p(tSrS, m_block, stage_q, mask_tag);
+          softmax_p(tSrS, m_block, stage_q, mask_tag, fill_rows);
           softmax_grad(tSrS, tdPrdP, stage_do);
           Tensor rP = make_tensor_like<Element>(tSrS);
           convert_fragment(tSrS, rP);
@@ -1418,11 +1436,11 @@ struct BwdMainloop {
         for (int m_block = m_first; m_block >= 0;
              m_block = following_m_block(params, classes(), m_block, m_min, m_max, tile)) {
           if (tile == kTilePartialBits) {
-            bwd_step(m_block, cute::Int<kMaskBits>{});  // (its bits came with its Q stage)
-          } else if (tile == kTilePartial) {
-            bwd_step(m_block, cute::Int<kMaskValues>{});
+            bwd_step(m_block, cute::Int<kMaskBits>{}, false);  // (its bits came with its Q stage)
+          } else if (tile == kTilePartial || tile == kTilePartialFillRows) {
+            bwd_step(m_block, cute::Int<kMaskValues>{}, tile == kTilePartialFillRows);
           } else {
-            bwd_step(m_block, cute::Int<kMaskNone>{});
+            bwd_step(m_block, cute::Int<kMaskNone>{}, false);
           }
         }
       } else {
@@ -1435,9 +1453,9 @@ struct BwdMainloop {
           unsigned char const* cls = classes();
           bool const partial = cls != nullptr ? cls[m_block] == kTilePartial : m_block < m_mask_end;
           if (partial) {
-            bwd_step(m_block, cute::Int<kMaskValues>{});
+            bwd_step(m_block, cute::Int<kMaskValues>{}, false);
           } else {
-            bwd_step(m_block, cute::Int<kMaskNone>{});
+            bwd_step(m_block, cute::Int<kMaskNone>{}, false);
           }
         }
       }
