@@ -29,8 +29,9 @@ enum class DeterministicOrder : int { kKeysDescending = 0, kKeysAscending = 1 };
 // every entry visible with a zero bias (no mask work), or partial with every entry either
 // visible with a zero bias or hidden: the classification wrote the tile as one bit per
 // entry (tile_bits), which the main kernel reads instead of the mask. The backward's
-// kTilePartialFillRows: every tile of an m-block holding a fill row (mask_classify.h
-// FillRows), the mask applied per element and the fill rows weighed uniformly.
+// kTilePartialFillRows: every tile of an m-block holding a fill row (mask_classify.h,
+// run_mask_classify's backward_fill_rows), the mask applied per element and the fill rows
+// weighed uniformly.
 enum TileClass : unsigned char {
   kTileEmpty = 0,
   kTilePartial = 1,
@@ -136,10 +137,6 @@ struct BwdParams {
   // Scratch of the bounds kernel: up to kMaxBoundSplits shares of the three
   // arrays above, each [mask_batch * mask_heads * (2 * num_m_blocks + num_n_blocks)].
   float* bounds_partial = nullptr;
-  // Additive masks only, else nullptr: scratch of the classification, [mask_batch, mask_heads,
-  // Sq] uint32 flags of each row (mask_classify.h FillRows): a row that sees only the clamped
-  // fill (the minimum of bf16 / fp32) gets its lse_log2 replaced by its fill's key count.
-  uint32_t* fill_row_flags = nullptr;
 
   // ---- fp32 workspaces, contiguous, allocated by the caller (no need to zero them) ----
   float* dpsum = nullptr;      // [B, Hq, Sq_rounded]    rowsum(dO * O) per row; 0 in padding

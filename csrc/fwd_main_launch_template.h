@@ -31,7 +31,7 @@ struct FwdMaskTiles {
 
 // The classification of p's mask on the forward's kFwdTile x kFwdTile tiles, into
 // p.mask_workspace (fwd_mask_workspace_layout): the tile classes, the bits of the
-// kTilePartialBits tiles and, for a float mask, its fill rows (FillRows). No score bounds:
+// kTilePartialBits tiles and, for a float mask, its fill rows (FwdFillRows). No score bounds:
 // -inf (false) and the clamped fill alone hide an entry.
 inline FwdMaskTiles classify_fwd_mask(const FwdParams& p, cudaStream_t stream) {
   BwdParams c;
@@ -64,8 +64,8 @@ inline FwdMaskTiles classify_fwd_mask(const FwdParams& p, cudaStream_t stream) {
   c.tile_m_range = reinterpret_cast<int*>(base + w.tile_m_range);
   c.tile_bits = reinterpret_cast<uint32_t*>(base + w.tile_bits);
   const bool float_mask = p.mask_kind != MaskKind::kBool;
-  FillRows fill{reinterpret_cast<uint32_t*>(base + w.row_flags),
-                reinterpret_cast<unsigned char*>(base + w.block_elements)};
+  FwdFillRows fill{reinterpret_cast<uint32_t*>(base + w.row_flags),
+                   reinterpret_cast<unsigned char*>(base + w.block_elements)};
   run_mask_classify(c, stream, float_mask ? &fill : nullptr);
   return FwdMaskTiles{c.tile_class, c.tile_bits, float_mask ? fill.block_elements : nullptr};
 }

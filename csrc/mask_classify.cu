@@ -40,9 +40,9 @@ struct ClassifyArgs {
   float* q_norm_max;     // [mask_batch, mask_heads, num_m_blocks], then lse_min, k_norm_max
   float scale_log2_abs;
   int warps_per_tile;  // classify kernel: 1, 2, 4 or 8 warps share a tile (few tiles: more)
-  // fill rows (FillRows): a float mask's finite entries clamped to -FLT_MAX are hidden; each
-  // row's bit 0 (sees a key) and bit 1 (has such a fill entry) are or-ed into row_flags
-  // ([mask_batch, mask_heads, seqlen_q]); null: no fill rows (a boolean mask)
+  // the forward's (FwdFillRows): a float mask's finite entries clamped to -FLT_MAX are hidden;
+  // each row's bit 0 (sees a key) and bit 1 (has such a fill entry) are or-ed into row_flags
+  // ([mask_batch, mask_heads, seqlen_q]); null: the backward's classification
   uint32_t* row_flags;
 };
 
@@ -141,14 +141,14 @@ constexpr int kMaxChunks = 2048;
 // passes' loads in flight per lane (4 chunks: 32 bytes of bool,
 // 64 of fp16 / bf16; 2 fp32 chunks: 64 bytes); each chunk's visibility byte goes to shared
 // memory, and the warp copies the bytes out if the tile is kTilePartialBits.
-// kFill: a float mask's fill rows (FillRows: a.row_flags set), with the score bounds or without.
+// kFill: the forward's classification of a float mask (FwdFillRows: a.row_flags set, no bounds).
 template <MaskKind kKind, bool kFill = false>
 __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(const ClassifyArgs a) {
   using T = typename MaskElem<kKind>::type;
   constexpr int kInFlight = sizeof(T) == 1 ? 4 : 64 / int(kChunk * sizeof(T));
   __shared__ __align__(16) unsigned char s_bits[kClassifyWarps][kMaxChunks];  // per tile slot
   __shared__ unsigned char s_votes[kClassifyWarps][3];  // per warp: any visible, all full, binary
-  // per chunk: its keys of the clamped fill (FillRows; additive masks only)
+  // per chunk: its keys of a finite fill hidden (FwdFillRows; additive masks only)
   static_assert(!kFill || kKind != MaskKind::kBool, "a boolean mask has no fill");
   __shared__ __align__(16) unsigned char s_fill[kClassifyWarps][kFill ? kMaxChunks : 1];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
   // (mask_classify.h); -inf when no bound holds (bool masks never use it)
   float dead_below = -INFINITY;
   bool no_live_row = false;
-  if (kKind != MaskKind::kBool && a.bounds_partial != nullptr) {
+  if (kKind != MaskKind::kBool && !kFill && a.bounds_partial != nullptr) {
     // the shares of the tile's blocks: lane s < splits (at most 32) reads share s
     const int64_t inst = int64_t(b) * a.mask_heads + h, instances = int64_t(gridDim.z) * gridDim.y;
     const int64_t at_q = inst * a.num_m_blocks + m_block;
@@ -207,13 +207,13 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
   const int rows_step = 32 >> cpr_shift;
   const T* const col_base = base + int64_t(kc) * a.sc;
   const bool keys_vec = a.sc == 1 && kc + kChunk <= a.seqlen_k;  // (row alignment: per row)
-  // an additive element x is hidden iff float(x) <= hidden_at (-inf, a dead bias or, with
-  // kFill, the clamped fill: float(x) <= fill_at)
-  float hidden_at = -INFINITY, fill_at = -INFINITY;
+  // an additive element x is hidden iff float(x) <= hidden_at (-inf or a dead bias)
+  float hidden_at = -INFINITY;
   // (no live row: the tile is empty whatever its entries, no threshold needed)
+  // (the forward's fill: x * log2(e) <= -FLT_MAX, i.e. below the float next to -FLT_MAX)
   if constexpr (kKind != MaskKind::kBool) {
-    if constexpr (kFill) fill_at = hidden_at_or_below<T>(kFillDeadBelow);
-    hidden_at = no_live_row ? INFINITY : fmaxf(hidden_at_or_below<T>(dead_below), fill_at);
+    if constexpr (kFill) dead_below = -3.4028232635611926e38f;
+    hidden_at = no_live_row ? INFINITY : hidden_at_or_below<T>(dead_below);
   }
   // one key's bits: visible, (additive) adding exactly 0, and (additive) a finite hidden fill
   auto judge = [&](T x, int c, uint32_t& visible, uint32_t& zero, uint32_t& fill) {
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
       const float f = to_float(x);
       visible |= uint32_t(!(f <= hidden_at)) << c;
       zero |= uint32_t(f == 0.f) << c;
-      if constexpr (kFill) fill |= uint32_t(f <= fill_at && f != -INFINITY) << c;
+      if constexpr (kFill) fill |= uint32_t(f <= hidden_at && f != -INFINITY) << c;
     }
   };
   bool any_visible = false, all_full = true, binary = true;
@@ -324,17 +324,15 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
   if (lane == 0) a.tile_class[idx] = cls;
 }
 
-// Fill rows (FillRows), one warp per (mask instance, m-block): a block with a row whose flags
-// are "a fill entry, no visible key" has every tile made `forced` (the forward's kTilePartial,
-// whose element path gives that row SDPA's uniform weights over the fill's keys; the
-// backward's kTilePartialFillRows); then, for the forward, block_elements[instance][m-block]
-// = 1 where the block has a kTilePartial tile.
+// The forward's fill rows (FwdFillRows), one warp per (mask instance, m-block): a block with a
+// row whose flags are "a fill entry, no visible key" has every tile made kTilePartial (the
+// element path gives that row SDPA's uniform weights over the fill's keys); then
+// block_elements[instance][m-block] = 1 where the block has a kTilePartial tile.
 constexpr int kFillRowsWarps = 4;
 
 __global__ void __launch_bounds__(kFillRowsWarps * 32)
     fill_rows_kernel(unsigned char* tile_class, const uint32_t* row_flags, unsigned char* block_elements,
-                     int64_t blocks, int num_m_blocks, int num_n_blocks, int tile_m, int seqlen_q,
-                     unsigned char forced) {
+                     int64_t blocks, int num_m_blocks, int num_n_blocks, int tile_m, int seqlen_q) {
   const int64_t block = int64_t(blockIdx.x) * kFillRowsWarps + threadIdx.x / 32;  // inst * m_blocks + m
   const int lane = threadIdx.x % 32;
   if (block >= blocks) return;
@@ -350,38 +348,43 @@ __global__ void __launch_bounds__(kFillRowsWarps * 32)
   bool elements = false;
   for (int n = lane; n < num_n_blocks; n += 32) {
     unsigned char& c = cls[int64_t(n) * num_m_blocks];
-    if (fill_row) c = forced;
+    if (fill_row) c = kTilePartial;
     elements |= c == kTilePartial;
   }
   elements = __any_sync(0xffffffffu, elements);
-  if (lane == 0 && block_elements != nullptr) block_elements[block] = elements;
+  if (lane == 0) block_elements[block] = elements;
 }
 
-// The backward's fill rows, one warp per (mask instance, query row): a fill row (flags 2)
-// counts the keys of its fill inside the key tail and the causal cut, and writes that count
-// into the lse_log2 of every (batch, q head) row the instance covers (fill_row_lse_log2).
+// The backward's fill rows (run_mask_classify's backward_fill_rows), one warp per (batch, q
+// head, query row): a row whose lse is finite but whose lse_log2 overflowed counts the keys of
+// its fill inside the key tail and the causal cut; with n >= 1 it tags its lse_log2 with n and
+// makes every tile of its m-block (of its mask instance) kTilePartialFillRows.
 struct FillLseArgs {
   const void* mask;
   int64_t sb, sh, sr, sc;
-  const uint32_t* row_flags;  // [mask_batch, mask_heads, seqlen_q]
-  float* lse_log2;            // [B, Hq, lse_rows]
+  const float* lse;  // [B, Hq, Sq], strided (BwdParams::lse)
+  int64_t lse_sb, lse_sh, lse_sr;
+  float* lse_log2;  // [B, Hq, lse_rows]
   int64_t lse_rows;
-  int batch, heads_q, seqlen_q, seqlen_k, mask_batch, mask_heads;
+  unsigned char* tile_class;  // [mask_batch, mask_heads, num_n_blocks, num_m_blocks]
+  int batch, heads_q, seqlen_q, seqlen_k, mask_batch, mask_heads, num_m_blocks, num_n_blocks, tile_m;
   bool is_causal;
 };
 
 constexpr int kFillLseWarps = 4;
 
 template <MaskKind kKind>
-__global__ void __launch_bounds__(kFillLseWarps * 32) fill_rows_lse_kernel(const FillLseArgs a) {
+__global__ void __launch_bounds__(kFillLseWarps * 32) fill_rows_from_lse_kernel(const FillLseArgs a) {
   using T = typename MaskElem<kKind>::type;
-  const int64_t row = int64_t(blockIdx.x) * kFillLseWarps + threadIdx.x / 32;  // inst * Sq + q
+  const int64_t row = int64_t(blockIdx.x) * kFillLseWarps + threadIdx.x / 32;  // (b * Hq + h) * Sq + q
   const int lane = threadIdx.x % 32;
-  const int64_t instances = int64_t(a.mask_batch) * a.mask_heads;
-  if (row >= instances * a.seqlen_q || a.row_flags[row] != 2u) return;  // (warp-uniform)
-  const int64_t inst = row / a.seqlen_q;
-  const int q = int(row - inst * a.seqlen_q);
-  const int mb = int(inst / a.mask_heads), mh = int(inst - int64_t(mb) * a.mask_heads);
+  if (row >= int64_t(a.batch) * a.heads_q * a.seqlen_q) return;
+  const int64_t bh = row / a.seqlen_q;
+  const int q = int(row - bh * a.seqlen_q), h = int(bh % a.heads_q), b = int(bh / a.heads_q);
+  const float lse = a.lse[int64_t(b) * a.lse_sb + int64_t(h) * a.lse_sh + int64_t(q) * a.lse_sr];
+  // (warp-uniform: one row per warp) not a fill row: -inf / NaN, or an lse_log2 that is finite
+  if (!isfinite(lse) || lse_log2_of(lse) != INFINITY) return;
+  const int mb = a.mask_batch == 1 ? 0 : b, mh = a.mask_heads == 1 ? 0 : h;
   const T* src = static_cast<const T*>(a.mask) + int64_t(mb) * a.sb + int64_t(mh) * a.sh + int64_t(q) * a.sr;
   const float fill_at = hidden_at_or_below<T>(kFillDeadBelow);
   const int keys = a.is_causal ? min(a.seqlen_k, q + 1) : a.seqlen_k;
@@ -391,20 +394,19 @@ __global__ void __launch_bounds__(kFillLseWarps * 32) fill_rows_lse_kernel(const
     n += f <= fill_at && f != -INFINITY;
   }
   for (int off = 16; off > 0; off >>= 1) n += __shfl_xor_sync(0xffffffffu, n, off);
-  const float tagged = fill_row_lse_log2(n);
-  // the (batch, head) rows of this instance: all of a broadcast dim, else its own index
-  const int nb = a.mask_batch == 1 ? a.batch : 1, nh = a.mask_heads == 1 ? a.heads_q : 1;
-  for (int i = lane; i < nb * nh; i += 32) {
-    const int b = a.mask_batch == 1 ? i / nh : mb, h = a.mask_heads == 1 ? i % nh : mh;
-    a.lse_log2[(int64_t(b) * a.heads_q + h) * a.lse_rows + q] = tagged;
-  }
+  if (n == 0) return;  // (an lse so low without the fill: nothing to weigh uniformly)
+  if (lane == 0) a.lse_log2[bh * a.lse_rows + q] = fill_row_lse_log2(n);
+  // (rows of one m-block write the same class: a benign race)
+  unsigned char* cls = a.tile_class + (int64_t(mb) * a.mask_heads + mh) * a.num_n_blocks * a.num_m_blocks +
+                       q / a.tile_m;
+  for (int nb = lane; nb < a.num_n_blocks; nb += 32) cls[int64_t(nb) * a.num_m_blocks] = kTilePartialFillRows;
 }
 
 template <MaskKind kKind>
-void launch_fill_rows_lse(const FillLseArgs& a, cudaStream_t stream) {
-  const int64_t rows = int64_t(a.mask_batch) * a.mask_heads * a.seqlen_q;
-  fill_rows_lse_kernel<kKind><<<unsigned((rows + kFillLseWarps - 1) / kFillLseWarps), kFillLseWarps * 32, 0,
-                                stream>>>(a);
+void launch_fill_rows_from_lse(const FillLseArgs& a, cudaStream_t stream) {
+  const int64_t rows = int64_t(a.batch) * a.heads_q * a.seqlen_q;
+  fill_rows_from_lse_kernel<kKind>
+      <<<unsigned((rows + kFillLseWarps - 1) / kFillLseWarps), kFillLseWarps * 32, 0, stream>>>(a);
 }
 
 // One warp per (mask instance, n-block) row of tile classes: the m-blocks [lo, hi) from the
@@ -433,7 +435,7 @@ __global__ void __launch_bounds__(kRangeWarps * 32)
   if (lane == 0) tile_m_range[row] = lo < hi ? make_int2(lo, hi) : make_int2(0, 0);
 }
 
-// A float mask's classification: with the fill rows' flags (kFill) or without.
+// A float mask's classification: with the forward's fill flags (kFill) or without.
 template <MaskKind kKind>
 void launch_float_classify(bool fill_rows, dim3 grid, int threads, cudaStream_t stream,
                            const ClassifyArgs& a) {
@@ -446,7 +448,8 @@ void launch_float_classify(bool fill_rows, dim3 grid, int threads, cudaStream_t 
 
 }  // namespace
 
-void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FillRows* fill) {
+void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRows* fill,
+                       bool backward_fill_rows) {
   // the classify kernel's tile: rows of at most 32 chunks (a power of two), kMaxChunks in all
   if (p.tile_n % kChunk != 0 || p.tile_n > 32 * kChunk || (p.tile_n & (p.tile_n - 1)) != 0 ||
       int64_t(p.tile_m) * p.tile_n / kChunk > kMaxChunks) {
@@ -518,31 +521,38 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FillRows* 
     const int64_t blocks = instances * p.num_m_blocks;
     fill_rows_kernel<<<unsigned((blocks + kFillRowsWarps - 1) / kFillRowsWarps), kFillRowsWarps * 32, 0, stream>>>(
         p.tile_class, fill->row_flags, fill->block_elements, blocks, p.num_m_blocks, p.num_n_blocks, p.tile_m,
-        p.seqlen_q, fill->lse_log2 != nullptr ? kTilePartialFillRows : kTilePartial);
-    if (fill->lse_log2 != nullptr && instances * p.seqlen_q > 0) {  // the backward: tag the fill rows
-      FillLseArgs f{};
-      f.mask = p.mask;
-      f.sb = p.mask_batch_stride;
-      f.sh = p.mask_head_stride;
-      f.sr = p.mask_row_stride;
-      f.sc = p.mask_col_stride;
-      f.row_flags = fill->row_flags;
-      f.lse_log2 = fill->lse_log2;
-      f.lse_rows = fill->lse_rows;
-      f.batch = p.batch;
-      f.heads_q = p.heads_q;
-      f.seqlen_q = p.seqlen_q;
-      f.seqlen_k = p.seqlen_k;
-      f.mask_batch = p.mask_batch;
-      f.mask_heads = p.mask_heads;
-      f.is_causal = p.is_causal;
-      if (p.mask_kind == MaskKind::kFloat16) {
-        launch_fill_rows_lse<MaskKind::kFloat16>(f, stream);
-      } else if (p.mask_kind == MaskKind::kBFloat16) {
-        launch_fill_rows_lse<MaskKind::kBFloat16>(f, stream);
-      } else {
-        launch_fill_rows_lse<MaskKind::kFloat32>(f, stream);
-      }
+        p.seqlen_q);
+  }
+  // (fp16's minimum, -65504, is no clamped fill: such rows keep a finite lse_log2)
+  if (backward_fill_rows && (p.mask_kind == MaskKind::kBFloat16 || p.mask_kind == MaskKind::kFloat32) &&
+      p.lse != nullptr && p.lse_log2 != nullptr && int64_t(p.batch) * p.heads_q * p.seqlen_q > 0) {
+    FillLseArgs f{};
+    f.mask = p.mask;
+    f.sb = p.mask_batch_stride;
+    f.sh = p.mask_head_stride;
+    f.sr = p.mask_row_stride;
+    f.sc = p.mask_col_stride;
+    f.lse = p.lse;
+    f.lse_sb = p.lse_batch_stride;
+    f.lse_sh = p.lse_head_stride;
+    f.lse_sr = p.lse_row_stride;
+    f.lse_log2 = p.lse_log2;
+    f.lse_rows = p.seqlen_q_rounded;
+    f.tile_class = p.tile_class;
+    f.batch = p.batch;
+    f.heads_q = p.heads_q;
+    f.seqlen_q = p.seqlen_q;
+    f.seqlen_k = p.seqlen_k;
+    f.mask_batch = p.mask_batch;
+    f.mask_heads = p.mask_heads;
+    f.num_m_blocks = p.num_m_blocks;
+    f.num_n_blocks = p.num_n_blocks;
+    f.tile_m = p.tile_m;
+    f.is_causal = p.is_causal;
+    if (p.mask_kind == MaskKind::kBFloat16) {
+      launch_fill_rows_from_lse<MaskKind::kBFloat16>(f, stream);
+    } else {
+      launch_fill_rows_from_lse<MaskKind::kFloat32>(f, stream);
     }
   }
   const int64_t rows = int64_t(p.mask_batch) * p.mask_heads * p.num_n_blocks;

@@ -38,23 +38,28 @@ namespace sm90_sdpa {
 // on the same params); the classification folds them per tile and writes the folded
 // q_norm_max, lse_min and k_norm_max (for tests).
 //
-// fill (null: none; ignored for a boolean mask): with a float mask, a finite entry x whose
-// term the kernels clamp to -FLT_MAX (x * log2(e) <= -FLT_MAX, e.g. the minimum of bf16 or
-// fp32; numeric.h kFillDeadBelow) counts as hidden too. In a row that sees a key, its P is
-// exactly 0 either way (while the scaled scores stay far below 2^100 in magnitude). A row
-// that sees no key but such a fill (a fill row) gets uniform weights over the fill's keys in
-// SDPA, so every tile of a query block holding such a row is computed from the mask's
-// elements: kTilePartial for the forward, whose kernel weighs the row so by itself (then
-// block_elements says which query blocks have a kTilePartial tile); kTilePartialFillRows for
-// the backward (lse_log2 set, after the preprocess wrote it), where each fill row's lse_log2 is
-// replaced by the count n of its fill's keys (numeric.h fill_row_lse_log2), from which the main
-// kernel gives the row P = 1 / n on those keys.
-struct FillRows {
-  uint32_t* row_flags;                      // [mask instances, seqlen_q] words, zeroed here
-  unsigned char* block_elements = nullptr;  // the forward: [mask instances, num_m_blocks]
-  float* lse_log2 = nullptr;                // the backward: BwdParams::lse_log2
-  int64_t lse_rows = 0;                     // its rows per (batch, head): Sq rounded up
+// fill (the forward's, classify_fwd_mask; null for the backward): with a float mask, a finite
+// entry x whose term the forward kernel clamps to -FLT_MAX (x * log2(e) <= -FLT_MAX, e.g. the
+// minimum of bf16 or fp32) counts as hidden too. In a row that sees a key, its P is exactly 0
+// either way (while the scaled scores stay far below 2^100 in magnitude). A row that sees no
+// key but such a fill gets uniform weights over the fill's keys in SDPA, so every tile of a
+// query block holding such a row becomes kTilePartial, computed from the mask's elements. Then
+// block_elements says which query blocks have a kTilePartial tile.
+struct FwdFillRows {
+  uint32_t* row_flags;            // [mask instances, seqlen_q] words, zeroed here
+  unsigned char* block_elements;  // [mask instances, num_m_blocks]
 };
-void run_mask_classify(const BwdParams& params, cudaStream_t stream, const FillRows* fill = nullptr);
+//
+// backward_fill_rows (the backward's, bf16 / fp32 masks; needs lse and lse_log2, which the
+// preprocess wrote): a row whose lse is finite but overflows lse * log2(e) (the preprocess
+// wrote +inf as its lse_log2) sees no key but the clamped fill: its lse is the fill plus
+// log(n), rounded to the fill. SDPA gives it uniform weights over the fill's n keys, and so
+// does our forward. Such a row's lse_log2 becomes the tag of n (numeric.h fill_row_lse_log2)
+// and every tile of its m-block kTilePartialFillRows, before the ranges are taken; there the
+// main kernel gives the row P = 1 / n on the fill's keys. A forward that gave such a row an
+// lse of -inf (cuDNN's, whose out there is 0) leaves it alone: its gradients stay 0, as that
+// out is. Only fill rows read their mask row again; the classification itself is unchanged.
+void run_mask_classify(const BwdParams& params, cudaStream_t stream, const FwdFillRows* fill = nullptr,
+                       bool backward_fill_rows = false);
 
 }  // namespace sm90_sdpa

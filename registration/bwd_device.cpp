@@ -430,11 +430,6 @@ WorkspaceLayout workspace_layout(const BwdProblem& p) {
            (1 + kMaxBoundSplits);
     }
   }
-  w.fill_rows = o;
-  if (p.mask_kind > static_cast<int>(MaskKind::kBool)) {
-    const int64_t inst = int64_t(mask_instances_batch(p)) * mask_instances_heads(p);
-    o += round_up(4 * inst * p.seqlen_q, 16);
-  }
   w.dq_semaphore = o;
   if (p.deterministic) {
     const int bm = tile_block_m(p.head_dim);
@@ -608,9 +603,6 @@ BwdParams make_params(const BwdProblem& p, const BwdPointers& ptrs, float scale)
     const int64_t count = inst * (2 * n.num_m_blocks + n.num_n_blocks);
     n.bounds_partial = reinterpret_cast<float*>(base + w.score_bounds + round_up(4 * count, 16));
   }
-  if (p.mask_kind > static_cast<int>(MaskKind::kBool) && base != nullptr) {
-    n.fill_row_flags = reinterpret_cast<uint32_t*>(base + w.fill_rows);
-  }
   if (p.deterministic && base != nullptr) {
     n.dq_semaphore = reinterpret_cast<int*>(base + w.dq_semaphore);
   }
@@ -692,21 +684,6 @@ void run_postprocess(const BwdParams& params, cudaStream_t stream) {
   check_launch("postprocess kernel");
 }
 
-namespace {
-// The backward's classification: an additive mask's fill rows get their lse_log2 tagged
-// (mask_classify.h FillRows; the preprocess has written lse_log2), none for a boolean mask.
-void classify_backward_mask(const BwdParams& p, cudaStream_t stream) {
-  if (p.mask_kind != MaskKind::kBool && p.fill_row_flags != nullptr && p.lse_log2 != nullptr) {
-    FillRows fill{p.fill_row_flags};
-    fill.lse_log2 = p.lse_log2;
-    fill.lse_rows = p.seqlen_q_rounded;
-    run_mask_classify(p, stream, &fill);
-  } else {
-    run_mask_classify(p, stream);
-  }
-}
-}  // namespace
-
 void run_classification(const BwdParams& params, cudaStream_t stream) {
   const char* what = "classification";
   check_sizes(params, what, /*allow_empty=*/true);
@@ -718,7 +695,7 @@ void run_classification(const BwdParams& params, cudaStream_t stream) {
   BwdParams p = params;
   prepare_device(p);
   cudaGetLastError();
-  classify_backward_mask(p, stream);
+  run_mask_classify(p, stream, nullptr, /*backward_fill_rows=*/true);
   check_launch("mask classification kernel");
 }
 
@@ -767,7 +744,6 @@ void run(const BwdParams& params, cudaStream_t stream) {
     require_ptr(p0.tile_class, "tile_class", what);
     require_ptr(p0.tile_m_range, "tile_m_range", what);
     require_ptr(p0.tile_bits, "tile_bits", what);
-    if (p0.mask_kind != MaskKind::kBool) require_ptr(p0.fill_row_flags, "fill_row_flags", what);
     if (p0.tile_m != tile_block_m(p0.head_dim) || p0.tile_n != tile_block_n(p0.head_dim) ||
         p0.num_m_blocks != (p0.seqlen_q + p0.tile_m - 1) / p0.tile_m ||
         p0.num_n_blocks != (p0.seqlen_k + p0.tile_n - 1) / p0.tile_n ||
@@ -814,7 +790,7 @@ void run(const BwdParams& params, cudaStream_t stream) {
   run_bwd_preprocess(p, stream);
   check_launch("preprocess kernel");
   if (p.mask_kind != MaskKind::kNone) {
-    classify_backward_mask(p, stream);
+    run_mask_classify(p, stream, nullptr, /*backward_fill_rows=*/true);
     check_launch("mask classification kernel");
   }
   dispatch_main(p, stream);

@@ -95,8 +95,7 @@ bool tma_addressable(const OperandLayout& layout, int elem_bytes, int batch, int
 //   [mask_batch, mask_heads, n_blocks, m_blocks], the int32 non-empty m-block ranges
 //   [mask_batch, mask_heads, n_blocks, 2], the visibility bits of partial tiles (tile_m * tile_n
 //   / 8 bytes per tile, every tile has room) and, additive masks, the fp32 score bounds of the
-//   classification [mask_batch, mask_heads, 2 * m_blocks + n_blocks] and the uint32 fill-row
-//   flags [mask_batch, mask_heads, Sq] (mask_classify.h FillRows); deterministic, the int32
+//   classification [mask_batch, mask_heads, 2 * m_blocks + n_blocks]; deterministic, the int32
 //   turn semaphores dq_semaphore [B, Hq, m_blocks] (run() zeroes them); a split tail's
 //   counts and fp32 sums (split_tail_tiles); last, the int32 tile_counter of persistent CTAs
 //   (16 bytes; the preprocess zeroes it).
@@ -105,7 +104,6 @@ struct WorkspaceLayout {
   int64_t tile_m_range = 0;  // masks: the non-empty m-block range per n-block (BwdParams)
   int64_t tile_bits = 0;     // masks: partial tiles as visibility bits (BwdParams)
   int64_t score_bounds = 0;  // additive masks: q_norm_max, lse_min, k_norm_max (BwdParams)
-  int64_t fill_rows = 0;     // additive masks: the fill rows' flags (BwdParams::fill_row_flags)
   int64_t dq_semaphore = 0;
   // split tail: split_count [split_tiles] int32 (padded to 16 bytes), then split_accum
   // [split_tiles, block_n * (D + Dv)] fp32 (BwdParams; the preprocess zeroes both)

@@ -330,7 +330,6 @@ static void bind_problem(py::module_& m) {
       .def_readonly("tile_m_range", &dev::WorkspaceLayout::tile_m_range)
       .def_readonly("tile_bits", &dev::WorkspaceLayout::tile_bits)
       .def_readonly("score_bounds", &dev::WorkspaceLayout::score_bounds)
-      .def_readonly("fill_rows", &dev::WorkspaceLayout::fill_rows)
       .def_readonly("dq_semaphore", &dev::WorkspaceLayout::dq_semaphore)
       .def_readonly("split_tail", &dev::WorkspaceLayout::split_tail)
       .def_readonly("split_tiles", &dev::WorkspaceLayout::split_tiles)

@@ -522,7 +522,7 @@ def test_masked_workspace_has_tile_classes_ranges_bits_and_bounds(mask_dtype):
     pair per n-block and instance (the non-empty m-block range), one bit per entry of every
     tile (the bits of partial tiles), and for an additive mask the fp32 score bounds (two per
     m-block, one per n-block), then room for 32 partial copies of them (the bounds kernel's
-    shares), then one uint32 fill-row flag word per query row and instance."""
+    shares)."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
     b, hq, sq, sk, d = 2, 4, 130, 300, 128
@@ -538,11 +538,8 @@ def test_masked_workspace_has_tile_classes_ranges_bits_and_bounds(mask_dtype):
     tile_bytes = gen.TILES[d].block_m * gen.TILES[d].block_n // 8
     assert w.score_bounds == w.tile_bits + inst * m_blocks * n_blocks * tile_bytes
     bounds = 4 * inst * (2 * m_blocks + n_blocks) if mask_dtype != torch.bool else 0
-    assert w.fill_rows == w.score_bounds + -(-bounds // 16) * 16 * 33
-    flags = 4 * inst * sq if mask_dtype != torch.bool else 0
-    assert w.dq_semaphore == w.fill_rows + -(-flags // 16) * 16
+    assert w.dq_semaphore == w.score_bounds + -(-bounds // 16) * 16 * 33
     assert w.tile_m_range % 16 == 0 and w.tile_bits % 16 == 0 and w.score_bounds % 16 == 0
-    assert w.fill_rows % 16 == 0
 
 
 @needs_C

@@ -251,11 +251,12 @@ def test_fill_rows_get_sdpas_uniform_weight_gradients(mask_dtype, heads, head_di
 @pytest.mark.parametrize("fill_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_classification_tags_fill_rows_with_their_key_count(fill_dtype, is_causal):
-    """A row that sees no key but the clamped fill (the minimum of bf16 / fp32) gets its
-    lse_log2 replaced by 0xFFC00000 | n, n its fill's keys inside the key tail and the causal
-    cut; every tile of its query block is computed per element with the fill rows weighed
-    (class 4). Rows that see a key, and rows whose every key is -inf, keep the preprocess's
-    lse_log2."""
+    """A row whose lse is the clamped fill (the minimum of bf16 / fp32, as a forward that gave
+    it SDPA's uniform weights writes it: its lse_log2 overflows) gets its lse_log2 replaced by
+    0xFFC00000 | n, n its fill's keys inside the key tail and the causal cut; every tile of its
+    query block is computed per element with the fill rows weighed (class 4). Rows that see a
+    key, rows whose every key is -inf, and a fill row whose forward gave it an lse of -inf
+    (cuDNN's, with out 0 there) keep the preprocess's lse_log2."""
     from torch_sm90_sdpa import _cuda_backend as cb
 
     need_variant(128, torch.bfloat16)
@@ -271,24 +272,32 @@ def test_classification_tags_fill_rows_with_their_key_count(fill_dtype, is_causa
     mask = mask.to(DEV)
     q = torch.randn(b, h, sq, 128, device=DEV, dtype=torch.bfloat16)
     k = torch.randn(b, h, sk, 128, device=DEV, dtype=torch.bfloat16)
-    lse = torch.zeros(b, h, sq, device=DEV)
-    classes, raw = cb.tile_classes(mask, q, k, is_causal=is_causal, lse=lse, scale=128 ** -0.5,
-                                   lse_log2=True)
-    u = raw.cpu().to(torch.int64) & 0xFFFFFFFF
-    tagged = (u & 0xFFC00000) == 0xFFC00000
     rows = torch.arange(sq)
     in_cut = ((torch.arange(sk)[None, :] <= rows[:, None]) if is_causal
               else torch.ones(sq, sk, dtype=torch.bool))
     m = mask.cpu().float()
     fill = (m == minimum) & in_cut
     seen = ((m > float("-inf")) & (m != minimum) & in_cut).any(-1)
-    want_tagged = (fill.any(-1) & ~seen).expand(b, h, sq)  # [B, 1, Sq] -> [B, Hq, Sq]
-    assert want_tagged[0, 0, 5] and want_tagged[0, 0, 9] and not want_tagged[0, 0, 11]
+    fill_row = (fill.any(-1) & ~seen).expand(b, h, sq).clone()  # [B, 1, Sq] -> [B, Hq, Sq]
+    assert fill_row[0, 0, 5] and fill_row[0, 0, 9] and not fill_row[0, 0, 11]
+    # the lse a forward with SDPA's uniform weights gives: the fill (log n rounds away), -inf
+    # where no key is visible, 0 (any finite value) elsewhere; batch 1's row 260: -inf, as
+    # cuDNN's forward gives it
+    empty = ~(m > float("-inf")).logical_and(in_cut).any(-1).expand(b, h, sq)
+    lse = torch.zeros(b, h, sq).masked_fill(empty, float("-inf")).masked_fill(fill_row, minimum)
+    lse[1, :, 260] = float("-inf")
+    want_tagged = fill_row.clone()
+    want_tagged[1, :, 260] = False
+    classes, raw = cb.tile_classes(mask, q, k, is_causal=is_causal, lse=lse.to(DEV),
+                                   scale=128 ** -0.5, lse_log2=True)
+    u = raw.cpu().to(torch.int64) & 0xFFFFFFFF
+    tagged = (u & 0xFFC00000) == 0xFFC00000
     assert torch.equal(tagged, want_tagged)
     counts = fill.sum(-1).expand(b, h, sq)
     assert torch.equal((u & 0x3FFFFF)[tagged], counts[tagged])
-    # untagged rows: lse * log2(e) of lse = 0
-    assert (u[~tagged] == 0).all()
+    # the other rows: the preprocess's lse * log2(e), 0 for lse 0 and +inf for -inf
+    assert (u[~tagged & ~empty & ~fill_row] == 0).all()
+    assert (u[(empty | fill_row) & ~tagged] == 0x7F800000).all()
     bm = 64  # d128's m-block
     for bi in range(b):
         for mb in range(classes.size(-1)):
