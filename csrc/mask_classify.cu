@@ -356,9 +356,11 @@ __global__ void __launch_bounds__(kFillRowsWarps * 32)
 }
 
 // The backward's fill rows (run_mask_classify's backward_fill_rows), one warp per (batch, q
-// head, query row): a row whose lse is finite but whose lse_log2 overflowed counts the keys of
-// its fill inside the key tail and the causal cut; with n >= 1 it tags its lse_log2 with n and
-// makes every tile of its m-block (of its mask instance) kTilePartialFillRows.
+// head, query row): a row whose lse is finite but lse * log2(e) at most kFillDeadBelow (it
+// overflows for SDPA's lse, the fill plus log n; our forward writes about -FLT_MAX ln 2, whose
+// product is kFillDeadBelow itself) counts the keys of its fill inside the key tail and the
+// causal cut; with n >= 1 it tags its lse_log2 with n and makes every tile of its m-block (of
+// its mask instance) kTilePartialFillRows.
 struct FillLseArgs {
   const void* mask;
   int64_t sb, sh, sr, sc;
@@ -382,8 +384,9 @@ __global__ void __launch_bounds__(kFillLseWarps * 32) fill_rows_from_lse_kernel(
   const int64_t bh = row / a.seqlen_q;
   const int q = int(row - bh * a.seqlen_q), h = int(bh % a.heads_q), b = int(bh / a.heads_q);
   const float lse = a.lse[int64_t(b) * a.lse_sb + int64_t(h) * a.lse_sh + int64_t(q) * a.lse_sr];
-  // (warp-uniform: one row per warp) not a fill row: -inf / NaN, or an lse_log2 that is finite
-  if (!isfinite(lse) || lse_log2_of(lse) != INFINITY) return;
+  // (warp-uniform: one row per warp) not a fill row: -inf / NaN, or a product above the fill
+  // (the preprocess's lse_log2 is the same product, +inf where it overflowed)
+  if (!isfinite(lse) || !(lse * kLog2e <= kFillDeadBelow)) return;
   const int mb = a.mask_batch == 1 ? 0 : b, mh = a.mask_heads == 1 ? 0 : h;
   const T* src = static_cast<const T*>(a.mask) + int64_t(mb) * a.sb + int64_t(mh) * a.sh + int64_t(q) * a.sr;
   const float fill_at = hidden_at_or_below<T>(kFillDeadBelow);

@@ -51,10 +51,11 @@ struct FwdFillRows {
 };
 //
 // backward_fill_rows (the backward's, bf16 / fp32 masks; needs lse and lse_log2, which the
-// preprocess wrote): a row whose lse is finite but overflows lse * log2(e) (the preprocess
-// wrote +inf as its lse_log2) sees no key but the clamped fill: its lse is the fill plus
-// log(n), rounded to the fill. SDPA gives it uniform weights over the fill's n keys, and so
-// does our forward. Such a row's lse_log2 becomes the tag of n (numeric.h fill_row_lse_log2)
+// preprocess wrote): a row whose lse is finite but lse * log2(e) at most kFillDeadBelow sees
+// no key but the clamped fill: SDPA's lse is the fill plus log(n), rounded to the fill (the
+// product overflows: the preprocess wrote +inf as its lse_log2), our forward's about -FLT_MAX
+// ln 2 (the product is kFillDeadBelow). SDPA gives the row uniform weights over the fill's n
+// keys, and so does our forward. Such a row's lse_log2 becomes the tag of n (numeric.h fill_row_lse_log2)
 // and every tile of its m-block kTilePartialFillRows, before the ranges are taken; there the
 // main kernel gives the row P = 1 / n on the fill's keys. A forward that gave such a row an
 // lse of -inf (cuDNN's, whose out there is 0) leaves it alone: its gradients stay 0, as that

@@ -280,11 +280,14 @@ def test_classification_tags_fill_rows_with_their_key_count(fill_dtype, is_causa
     seen = ((m > float("-inf")) & (m != minimum) & in_cut).any(-1)
     fill_row = (fill.any(-1) & ~seen).expand(b, h, sq).clone()  # [B, 1, Sq] -> [B, Hq, Sq]
     assert fill_row[0, 0, 5] and fill_row[0, 0, 9] and not fill_row[0, 0, 11]
-    # the lse a forward with SDPA's uniform weights gives: the fill (log n rounds away), -inf
-    # where no key is visible, 0 (any finite value) elsewhere; batch 1's row 260: -inf, as
-    # cuDNN's forward gives it
+    # the lse a forward with SDPA's uniform weights gives: batch 0 SDPA's, the fill (log n
+    # rounds away), batch 1 our forward's, about -FLT_MAX ln 2 (its row max is the clamped
+    # -FLT_MAX); -inf where no key is visible, 0 (any finite value) elsewhere; batch 1's row
+    # 260: -inf, as cuDNN's forward gives it
     empty = ~(m > float("-inf")).logical_and(in_cut).any(-1).expand(b, h, sq)
     lse = torch.zeros(b, h, sq).masked_fill(empty, float("-inf")).masked_fill(fill_row, minimum)
+    ours = torch.tensor(-torch.finfo(torch.float32).max) * torch.tensor(0.6931471805599453)
+    lse[1] = lse[1].masked_fill(fill_row[1], ours.item())
     lse[1, :, 260] = float("-inf")
     want_tagged = fill_row.clone()
     want_tagged[1, :, 260] = False
