@@ -355,12 +355,15 @@ __global__ void __launch_bounds__(kFillRowsWarps * 32)
   if (lane == 0) block_elements[block] = elements;
 }
 
-// The backward's fill rows (run_mask_classify's backward_fill_rows), one warp per (batch, q
-// head, query row): a row whose lse is finite but lse * log2(e) at most kFillDeadBelow (it
-// overflows for SDPA's lse, the fill plus log n; our forward writes about -FLT_MAX ln 2, whose
-// product is kFillDeadBelow itself) counts the keys of its fill inside the key tail and the
-// causal cut; with n >= 1 it tags its lse_log2 with n and makes every tile of its m-block (of
-// its mask instance) kTilePartialFillRows.
+// The backward's fill rows (run_mask_classify's backward_fill_rows): one thread per (batch,
+// q head, query row) reads its lse; a row whose lse is finite but lse * log2(e) at most
+// kFillDeadBelow (it overflows for SDPA's lse, the fill plus log n; our forward writes about
+// -FLT_MAX ln 2, whose product is kFillDeadBelow itself) is a fill row. The warp then takes
+// its fill rows (rare: padding queries) one after the other: it counts the keys of the row's
+// fill inside the key tail and the causal cut; with n >= 1 it tags the row's lse_log2 with n
+// and makes every tile of its m-block (of its mask instance) kTilePartialFillRows. (One warp
+// per row cost the masked backward 4-9% at d64 2k keys, H100: most of the grid's warps only
+// read one lse.)
 struct FillLseArgs {
   const void* mask;
   int64_t sb, sh, sr, sc;
@@ -373,43 +376,54 @@ struct FillLseArgs {
   bool is_causal;
 };
 
-constexpr int kFillLseWarps = 4;
+constexpr int kFillLseThreads = 256;
 
 template <MaskKind kKind>
-__global__ void __launch_bounds__(kFillLseWarps * 32) fill_rows_from_lse_kernel(const FillLseArgs a) {
+__global__ void __launch_bounds__(kFillLseThreads) fill_rows_from_lse_kernel(const FillLseArgs a) {
   using T = typename MaskElem<kKind>::type;
-  const int64_t row = int64_t(blockIdx.x) * kFillLseWarps + threadIdx.x / 32;  // (b * Hq + h) * Sq + q
+  const int64_t rows = int64_t(a.batch) * a.heads_q * a.seqlen_q;
+  const int64_t row = int64_t(blockIdx.x) * kFillLseThreads + threadIdx.x;  // (b * Hq + h) * Sq + q
   const int lane = threadIdx.x % 32;
-  if (row >= int64_t(a.batch) * a.heads_q * a.seqlen_q) return;
-  const int64_t bh = row / a.seqlen_q;
-  const int q = int(row - bh * a.seqlen_q), h = int(bh % a.heads_q), b = int(bh / a.heads_q);
-  const float lse = a.lse[int64_t(b) * a.lse_sb + int64_t(h) * a.lse_sh + int64_t(q) * a.lse_sr];
-  // (warp-uniform: one row per warp) not a fill row: -inf / NaN, or a product above the fill
-  // (the preprocess's lse_log2 is the same product, +inf where it overflowed)
-  if (!isfinite(lse) || !(lse * kLog2e <= kFillDeadBelow)) return;
-  const int mb = a.mask_batch == 1 ? 0 : b, mh = a.mask_heads == 1 ? 0 : h;
-  const T* src = static_cast<const T*>(a.mask) + int64_t(mb) * a.sb + int64_t(mh) * a.sh + int64_t(q) * a.sr;
-  const float fill_at = hidden_at_or_below<T>(kFillDeadBelow);
-  const int keys = a.is_causal ? min(a.seqlen_k, q + 1) : a.seqlen_k;
-  uint32_t n = 0;
-  for (int j = lane; j < keys; j += 32) {
-    const float f = to_float(src[int64_t(j) * a.sc]);
-    n += f <= fill_at && f != -INFINITY;
+  bool fill = false;
+  if (row < rows) {
+    const int64_t bh = row / a.seqlen_q;
+    const int q = int(row - bh * a.seqlen_q), h = int(bh % a.heads_q), b = int(bh / a.heads_q);
+    const float lse = a.lse[int64_t(b) * a.lse_sb + int64_t(h) * a.lse_sh + int64_t(q) * a.lse_sr];
+    // not a fill row: -inf / NaN, or a product above the fill (the preprocess's lse_log2 is the
+    // same product, +inf where it overflowed)
+    fill = isfinite(lse) && lse * kLog2e <= kFillDeadBelow;
   }
-  for (int off = 16; off > 0; off >>= 1) n += __shfl_xor_sync(0xffffffffu, n, off);
-  if (n == 0) return;  // (an lse so low without the fill: nothing to weigh uniformly)
-  if (lane == 0) a.lse_log2[bh * a.lse_rows + q] = fill_row_lse_log2(n);
-  // (rows of one m-block write the same class: a benign race)
-  unsigned char* cls = a.tile_class + (int64_t(mb) * a.mask_heads + mh) * a.num_n_blocks * a.num_m_blocks +
-                       q / a.tile_m;
-  for (int nb = lane; nb < a.num_n_blocks; nb += 32) cls[int64_t(nb) * a.num_m_blocks] = kTilePartialFillRows;
+  unsigned pending = __ballot_sync(0xffffffffu, fill);
+  const float fill_at = hidden_at_or_below<T>(kFillDeadBelow);
+  while (pending != 0u) {  // (warp-uniform)
+    const int from = __ffs(int(pending)) - 1;
+    pending &= pending - 1u;
+    const int64_t r = __shfl_sync(0xffffffffu, static_cast<long long>(row), from);
+    const int64_t bh = r / a.seqlen_q;
+    const int q = int(r - bh * a.seqlen_q), h = int(bh % a.heads_q), b = int(bh / a.heads_q);
+    const int mb = a.mask_batch == 1 ? 0 : b, mh = a.mask_heads == 1 ? 0 : h;
+    const T* src = static_cast<const T*>(a.mask) + int64_t(mb) * a.sb + int64_t(mh) * a.sh + int64_t(q) * a.sr;
+    const int keys = a.is_causal ? min(a.seqlen_k, q + 1) : a.seqlen_k;
+    uint32_t n = 0;
+    for (int j = lane; j < keys; j += 32) {
+      const float f = to_float(src[int64_t(j) * a.sc]);
+      n += f <= fill_at && f != -INFINITY;
+    }
+    for (int off = 16; off > 0; off >>= 1) n += __shfl_xor_sync(0xffffffffu, n, off);
+    if (n == 0) continue;  // (an lse so low without the fill: nothing to weigh uniformly)
+    if (lane == 0) a.lse_log2[bh * a.lse_rows + q] = fill_row_lse_log2(n);
+    // (rows of one m-block write the same class: a benign race)
+    unsigned char* cls = a.tile_class + (int64_t(mb) * a.mask_heads + mh) * a.num_n_blocks * a.num_m_blocks +
+                         q / a.tile_m;
+    for (int nb = lane; nb < a.num_n_blocks; nb += 32) cls[int64_t(nb) * a.num_m_blocks] = kTilePartialFillRows;
+  }
 }
 
 template <MaskKind kKind>
 void launch_fill_rows_from_lse(const FillLseArgs& a, cudaStream_t stream) {
   const int64_t rows = int64_t(a.batch) * a.heads_q * a.seqlen_q;
   fill_rows_from_lse_kernel<kKind>
-      <<<unsigned((rows + kFillLseWarps - 1) / kFillLseWarps), kFillLseWarps * 32, 0, stream>>>(a);
+      <<<unsigned((rows + kFillLseThreads - 1) / kFillLseThreads), kFillLseThreads, 0, stream>>>(a);
 }
 
 // One warp per (mask instance, n-block) row of tile classes: the m-blocks [lo, hi) from the
