@@ -10,10 +10,12 @@ bitwise identical ("repeat: ok"). --orders also times both orders of the determi
 interleaved with the rest. --walk also times the deterministic mode with the GQA group walk
 forced (TORCH_SM90_SDPA_GQA_WALK=1: a CTA sums its kv head's group in registers, instead of one
 fp32 dK / dV tile per q head summed by the postprocess) and adds GQA rows (4 and 8 q heads per
-kv head, causal and full, 2k to 16k keys).
+kv head, causal and full, 2k to 16k keys). --det-env VAR=VALUE (repeatable) also times the
+deterministic mode with a device-layer switch set (e.g. TORCH_SM90_SDPA_SECTION_HEADS=16),
+interleaved with the rest: each one's det/own ratio is printed as "VALUE".
 
     python benchmarks/bench_deterministic.py [--quick] [--orders] [--walk] [--dims 64,128,256]
-                                             [--seqs 2048,8192]
+                                             [--seqs 2048,8192] [--det-env VAR=VALUE ...]
 """
 import math
 import sys
@@ -56,7 +58,7 @@ def under_deterministic(fn):
     return run
 
 
-def run_row(label, b, hq, hkv, s, d, causal, reps, orders, walk=False):
+def run_row(label, b, hq, hkv, s, d, causal, reps, orders, walk=False, det_envs=()):
     q, k, v, dout = make(b, hq, hkv, s, d, torch.bfloat16)
     scale = 1.0 / math.sqrt(d)
     fns, notes = {}, []
@@ -68,6 +70,8 @@ def run_row(label, b, hq, hkv, s, d, causal, reps, orders, walk=False):
     walk = walk and hq != hkv
     if walk:
         fns["det-walk"] = ours(q, k, v, dout, causal, scale, True, env_var=(WALK_ENV, "1"))
+    for env_var in det_envs:
+        fns[f"det-env {env_var[1]}"] = ours(q, k, v, dout, causal, scale, True, env_var=env_var)
     for name, make_fn in (("flash-det", backend_flash), ("efficient-det", backend_efficient)):
         try:
             fn = under_deterministic(make_fn(q, k, v, dout, causal, scale))
@@ -78,8 +82,9 @@ def run_row(label, b, hq, hkv, s, d, causal, reps, orders, walk=False):
             notes.append(f"{name}: {type(exc).__name__}")
     first, second = fns["ours-det"](), fns["ours-det"]()
     same = all(torch.equal(x, y) for x, y in zip(first, second))
-    if walk:  # the other way of the mode: repeatable too
-        third, fourth = fns["det-walk"](), fns["det-walk"]()
+    for way in [n for n in fns if n == "det-walk" or n.startswith("det-env")]:
+        # the mode's other ways: repeatable too
+        third, fourth = fns[way](), fns[way]()
         same = same and all(torch.equal(x, y) for x, y in zip(third, fourth))
     fast = fns["ours"]()
     rel = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(first, fast))
@@ -94,6 +99,8 @@ def run_row(label, b, hq, hkv, s, d, causal, reps, orders, walk=False):
                 if orders else "")
     if walk:
         by_order += f"  walk {tf['det-walk'] / tf['ours']:4.2f}"
+    for env_var in det_envs:
+        by_order += f"  {env_var[1]} {tf[f'det-env {env_var[1]}'] / tf['ours']:4.2f}"
     print(f"{label:38s} {tf['ours-det']:8.0f} {tf['ours']:6.0f} {stock:9.0f}   {own:5.2f} {vs_stock:8.2f}"
           f"{by_order}   {'; '.join(notes)}", flush=True)
     del q, k, v, dout, fns
@@ -108,19 +115,26 @@ def main():
     ap.add_argument("--walk", action="store_true",
                     help="also time GQA rows with the group walk forced (TORCH_SM90_SDPA_GQA_WALK=1), "
                          "and add GQA rows of 4 and 8 q heads per kv head, 2k-16k keys")
+    ap.add_argument("--det-env", metavar="VAR=VALUE", action="append", default=[],
+                    help="also time the deterministic mode with this device-layer switch set "
+                         "(repeatable)")
     a = ap.parse_args()
+    det_envs = [tuple(e.split("=", 1)) for e in a.det_env]
+    if any(len(e) != 2 for e in det_envs):
+        ap.error("--det-env takes VAR=VALUE")
     g = grid(a)
     if g is None:
         return 1
     reps, grid_rows = g
     print(f"{'row':38s} {'ours-det':>8s} {'ours':>6s} {'stock-det':>9s}   {'det/own':>7s} {'det/stock':>8s}")
-    rows = [run_row(label, b, h, h, s, d, causal, reps, a.orders, a.walk)
+    rows = [run_row(label, b, h, h, s, d, causal, reps, a.orders, a.walk, det_envs)
             for label, b, h, s, d, causal in grid_rows]
     if not a.no_gqa:
         for label, hq, hkv in (("GQA d=128 causal s=8192 32q/8kv b=2", 32, 8),
                                ("GQA d=128 causal s=8192 8q/1kv b=2", 8, 1),
                                ("MHA d=128 causal s=8192 32q b=2", 32, 32)):
-            rows.append(run_row(label, 2, hq, hkv, 8192, 128, True, reps, a.orders, a.walk))
+            rows.append(run_row(label, 2, hq, hkv, 8192, 128, True, reps, a.orders, a.walk,
+                                det_envs))
     if a.walk:
         for s in (2048, 8192, 16384):
             for hq, hkv in ((16, 4), (32, 4)):
@@ -128,7 +142,8 @@ def main():
                     b = max(1, 16384 // s)
                     label = (f"GQA d=128 {'causal' if causal else 'full'} s={s} {hq}q/{hkv}kv "
                              f"b={b}")
-                    rows.append(run_row(label, b, hq, hkv, s, 128, causal, reps, a.orders, True))
+                    rows.append(run_row(label, b, hq, hkv, s, 128, causal, reps, a.orders, True,
+                                        det_envs))
     own = [r[0] for r in rows]
     print(f"deterministic / own default mode: min {min(own):.2f}, geometric mean "
           f"{math.exp(sum(map(math.log, own)) / len(own)):.3f} over {len(own)} rows; "
