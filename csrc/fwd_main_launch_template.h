@@ -21,17 +21,20 @@
 
 namespace sm90_sdpa {
 
-// The classification's output for the forward kernels: tile classes and bits, and (float
-// masks) which query blocks need the mask's elements.
+// The classification's output for the forward kernels: tile classes and bits, each query
+// block's range of non-empty key tiles, and (float masks) which query blocks need the mask's
+// elements.
 struct FwdMaskTiles {
   unsigned char const* tile_class = nullptr;
   uint32_t const* tile_bits = nullptr;
+  int2 const* key_range = nullptr;
   unsigned char const* block_elements = nullptr;  // null: a boolean mask (no element tiles)
 };
 
 // The classification of p's mask on the forward's kFwdTile x kFwdTile tiles, into
 // p.mask_workspace (fwd_mask_workspace_layout): the tile classes, the bits of the
-// kTilePartialBits tiles and, for a float mask, its fill rows (FwdFillRows). No score bounds:
+// kTilePartialBits tiles, the key ranges (run_fwd_key_ranges) and, for a float mask, its fill
+// rows (FwdFillRows). No score bounds:
 // -inf (false) and the clamped fill alone hide an entry.
 inline FwdMaskTiles classify_fwd_mask(const FwdParams& p, cudaStream_t stream) {
   BwdParams c;
@@ -61,13 +64,16 @@ inline FwdMaskTiles classify_fwd_mask(const FwdParams& p, cudaStream_t stream) {
   const FwdMaskWorkspace w = fwd_mask_workspace_layout(p.mask_batch, p.mask_heads, p.seqlen_q, p.seqlen_k);
   char* base = static_cast<char*>(p.mask_workspace);
   c.tile_class = reinterpret_cast<unsigned char*>(base + w.tile_class);
-  c.tile_m_range = reinterpret_cast<int*>(base + w.tile_m_range);
+  c.tile_m_range = nullptr;  // (the backward's ranges: the forward walks key ranges instead)
   c.tile_bits = reinterpret_cast<uint32_t*>(base + w.tile_bits);
   const bool float_mask = p.mask_kind != MaskKind::kBool;
   FwdFillRows fill{reinterpret_cast<uint32_t*>(base + w.row_flags),
                    reinterpret_cast<unsigned char*>(base + w.block_elements)};
   run_mask_classify(c, stream, float_mask ? &fill : nullptr);
-  return FwdMaskTiles{c.tile_class, c.tile_bits, float_mask ? fill.block_elements : nullptr};
+  int2* key_range = reinterpret_cast<int2*>(base + w.key_range);
+  run_fwd_key_ranges(c.tile_class, key_range, int64_t(p.mask_batch) * p.mask_heads, c.num_m_blocks, c.num_n_blocks,
+                     stream);
+  return FwdMaskTiles{c.tile_class, c.tile_bits, key_range, float_mask ? fill.block_elements : nullptr};
 }
 
 // One launch of FwdKernel<..., kOverlap, kMasked>. tiles (kMasked): the classification's output;
@@ -93,7 +99,7 @@ void launch_fwd_main(const FwdParams& params, const FwdMaskTiles& tiles, cudaStr
   // causal cut, a mask). One CTA per tile: the hardware hands the next to the first free SM.
   bool const longest_first = persistent && (p.is_causal || kMasked);
   typename Kernel::Params kparams =
-      Kernel::to_params(p, longest_first, tiles.tile_class, tiles.tile_bits, tiles.block_elements);
+      Kernel::to_params(p, longest_first, tiles.tile_class, tiles.tile_bits, tiles.key_range, tiles.block_elements);
 
   auto kernel_fn = kernel::fwd_main_kernel<Kernel>;
   int const smem_size = Kernel::kSharedStorageSize;

@@ -64,7 +64,7 @@ struct FwdParams {
   int mask_batch = 1;  // distinct mask instances along B: 1 (broadcast) or B
   int mask_heads = 1;  // distinct mask instances along Hq: 1 (broadcast) or Hq
   // the classification's output, fwd_mask_workspace_bytes() bytes of device memory (no need to
-  // zero it): tile classes, m-block ranges (unused by the forward) and visibility bits
+  // zero it): tile classes, key ranges and visibility bits
   void* mask_workspace = nullptr;
   int num_sms = 0;  // multiprocessors of the device (the classification's and persistent grids)
 };
@@ -77,13 +77,14 @@ constexpr int kFwdTile = 128;
 // FwdParams::mask_workspace, as byte offsets (16-byte aligned pieces) for a mask of
 // mask_batch x mask_heads instances (inst), m_blocks x n_blocks tiles each:
 //   tile_class      [inst, n_blocks, m_blocks] bytes (mask_classify.h)
-//   tile_m_range    [inst, n_blocks] int2 (written by the classification, unused by the forward)
+//   key_range       [inst, m_blocks] int2: per query block, the key tiles from the first to
+//                   past the last non-empty one (run_fwd_key_ranges)
 //   block_elements  [inst, m_blocks] bytes: 1 where a query block has a tile that needs the
 //                   mask's elements (kTilePartial)
 //   row_flags       [inst, Sq] words: bit 0 the row sees a key, bit 1 it has a fill entry
 //   tile_bits       kFwdTile * kFwdTile / 8 bytes per tile, in tile_class order
 struct FwdMaskWorkspace {
-  int64_t tile_class, tile_m_range, block_elements, row_flags, tile_bits, bytes;
+  int64_t tile_class, key_range, block_elements, row_flags, tile_bits, bytes;
 };
 inline FwdMaskWorkspace fwd_mask_workspace_layout(int mask_batch, int mask_heads, int seqlen_q, int seqlen_k) {
   auto round16 = [](int64_t x) { return (x + 15) / 16 * 16; };
@@ -92,8 +93,8 @@ inline FwdMaskWorkspace fwd_mask_workspace_layout(int mask_batch, int mask_heads
   const int64_t tiles = inst * m_blocks * n_blocks;
   FwdMaskWorkspace w{};
   w.tile_class = 0;
-  w.tile_m_range = w.tile_class + round16(tiles);
-  w.block_elements = w.tile_m_range + round16(8 * inst * n_blocks);
+  w.key_range = w.tile_class + round16(tiles);
+  w.block_elements = w.key_range + round16(8 * inst * m_blocks);
   w.row_flags = w.block_elements + round16(inst * m_blocks);
   w.tile_bits = w.row_flags + round16(4 * inst * int64_t(seqlen_q));
   w.bytes = w.tile_bits + tiles * (kFwdTile * kFwdTile / 8);

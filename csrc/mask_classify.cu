@@ -452,6 +452,29 @@ __global__ void __launch_bounds__(kRangeWarps * 32)
   if (lane == 0) tile_m_range[row] = lo < hi ? make_int2(lo, hi) : make_int2(0, 0);
 }
 
+// The forward's key ranges (run_fwd_key_ranges): one warp per (mask instance, query block).
+__global__ void __launch_bounds__(kRangeWarps * 32)
+    key_range_kernel(const unsigned char* tile_class, int2* key_range, int64_t blocks, int num_m_blocks,
+                     int num_n_blocks) {
+  const int64_t block = int64_t(blockIdx.x) * kRangeWarps + threadIdx.x / 32;  // inst * m_blocks + m
+  const int lane = threadIdx.x % 32;
+  if (block >= blocks) return;
+  const int64_t inst = block / num_m_blocks;
+  const int m_block = int(block - inst * num_m_blocks);
+  const unsigned char* cls = tile_class + inst * num_n_blocks * num_m_blocks + m_block;
+  int lo = num_n_blocks, hi = 0;
+  for (int n0 = 0; n0 < num_n_blocks; n0 += 32) {
+    const int n = n0 + lane;
+    const unsigned live =
+        __ballot_sync(0xffffffffu, n < num_n_blocks && cls[int64_t(n) * num_m_blocks] != kTileEmpty);
+    if (live != 0u) {
+      lo = min(lo, n0 + __ffs(int(live)) - 1);
+      hi = n0 + 32 - __clz(int(live));
+    }
+  }
+  if (lane == 0) key_range[block] = lo < hi ? make_int2(lo, hi) : make_int2(0, 0);
+}
+
 // A float mask's classification: with the forward's fill flags (kFill) or without.
 template <MaskKind kKind>
 void launch_float_classify(bool fill_rows, dim3 grid, int threads, cudaStream_t stream,
@@ -572,9 +595,18 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRow
       launch_fill_rows_from_lse<MaskKind::kFloat32>(f, stream);
     }
   }
+  if (p.tile_m_range == nullptr) return;  // (the forward: run_fwd_key_ranges instead)
   const int64_t rows = int64_t(p.mask_batch) * p.mask_heads * p.num_n_blocks;
   tile_range_kernel<<<unsigned((rows + kRangeWarps - 1) / kRangeWarps), kRangeWarps * 32, 0, stream>>>(
       p.tile_class, reinterpret_cast<int2*>(p.tile_m_range), rows, p.num_m_blocks);
+}
+
+void run_fwd_key_ranges(const unsigned char* tile_class, int2* key_range, int64_t instances, int num_m_blocks,
+                        int num_n_blocks, cudaStream_t stream) {
+  const int64_t blocks = instances * num_m_blocks;
+  if (blocks == 0) return;
+  key_range_kernel<<<unsigned((blocks + kRangeWarps - 1) / kRangeWarps), kRangeWarps * 32, 0, stream>>>(
+      tile_class, key_range, blocks, num_m_blocks, num_n_blocks);
 }
 
 }  // namespace sm90_sdpa

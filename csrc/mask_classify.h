@@ -30,7 +30,7 @@ namespace sm90_sdpa {
 //   kTilePartial  anything else: the main kernel applies the mask, the causal cut and the key
 //                 tail there
 // Then, per instance and n-block, tile_m_range: the m-blocks from its first to past its last
-// non-empty tile (a second, small kernel over tile_class).
+// non-empty tile (a second, small kernel over tile_class; not where tile_m_range is null).
 // Each mask element is read once per instance (broadcast dims are not expanded). Reads:
 // batch, heads_q, seqlen_q, seqlen_k, is_causal, mask*, tile_*, num_*_blocks, num_sms; for an
 // additive mask also scale_log2 and bounds_partial: the score bounds' shares, which the
@@ -62,5 +62,13 @@ struct FwdFillRows {
 // out is. Only fill rows read their mask row again; the classification itself is unchanged.
 void run_mask_classify(const BwdParams& params, cudaStream_t stream, const FwdFillRows* fill = nullptr,
                        bool backward_fill_rows = false);
+
+// The forward's key ranges, after run_mask_classify (its fill rows included): per mask instance
+// and query block, key_range[inst * num_m_blocks + m] = the key tiles [lo, hi) from the first to
+// past the last non-empty tile of tile_class [inst, num_n_blocks, num_m_blocks], {0, 0} when
+// none. The forward kernel starts its walk over the key blocks at hi instead of passing every
+// empty tile above it one class read at a time (FwdKernel::key_blocks).
+void run_fwd_key_ranges(const unsigned char* tile_class, int2* key_range, int64_t instances, int num_m_blocks,
+                        int num_n_blocks, cudaStream_t stream);
 
 }  // namespace sm90_sdpa

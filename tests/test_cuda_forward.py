@@ -257,6 +257,36 @@ def test_masked_forward_key_blocks_within_a_classified_tile(form, is_causal, sq,
     _check_masked(form, 2, 4, 2, sq, sk, head_dim, dtype, is_causal=is_causal, seed=sq + sk, mask=mask)
 
 
+def _bands_mask(b, sq, sk, additive_dtype=None):
+    """A [B, 1, Sq, Sk] mask whose query blocks (128 rows) each see a different band of the
+    classified 128-key tiles, so that every query block's range of non-empty key tiles
+    (run_fwd_key_ranges) starts and ends elsewhere: query block m sees keys from 128 (m - 2)
+    + 40 to 128 (m + 2) + 90 (clipped), with the key tile after its diagonal hidden whole (a hole
+    inside the range), block 3 of batch 1 sees no key, and batch 1 is shifted by a tile.
+    additive_dtype: as a 0 / -inf bias of that dtype."""
+    keep = torch.zeros(b, 1, sq, sk, dtype=torch.bool)
+    for bb in range(b):
+        for m in range((sq + 127) // 128):
+            lo, hi = max(0, 128 * (m - 2 + bb) + 40), min(sk, 128 * (m + 2 + bb) + 90)
+            keep[bb, 0, 128 * m:128 * (m + 1), lo:hi] = True
+            keep[bb, 0, 128 * m:128 * (m + 1), 128 * (m + 1 + bb):128 * (m + 2 + bb)] = False
+    if b > 1:
+        keep[1, 0, 3 * 128:4 * 128] = False
+    keep = keep.cuda()
+    if additive_dtype is None:
+        return keep
+    return torch.zeros(keep.shape, device="cuda", dtype=additive_dtype).masked_fill(~keep, float("-inf"))
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
+@pytest.mark.parametrize("head_dim,dtype", _one_dtype_per_head_dim())
+@pytest.mark.parametrize("form", ["bool", "0/-inf bias"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_masked_forward_walks_each_query_blocks_key_range(form, is_causal, head_dim, dtype, kernel_kind):
+    mask = _bands_mask(2, 1100, 1250, None if form == "bool" else dtype)
+    _check_masked(form, 2, 4, 2, 1100, 1250, head_dim, dtype, is_causal=is_causal, seed=11, mask=mask)
+
+
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
 @pytest.mark.parametrize("mask_dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_masked_forward_with_every_bias_dtype(mask_dtype):

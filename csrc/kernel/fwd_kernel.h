@@ -170,6 +170,9 @@ struct FwdKernel {
     int num_m_tiles, num_n_tiles;     // the classification's grid of kFwdTile x kFwdTile tiles
     unsigned char const* tile_class;  // [mask_batch, mask_heads, num_n_tiles, num_m_tiles]
     uint32_t const* tile_bits;        // kTileBitWords per tile, in tile_class order
+    // [mask_batch, mask_heads, num_m_tiles]: each query block's non-empty key tiles [lo, hi)
+    // (run_fwd_key_ranges; {0, 0}: none)
+    int2 const* key_range;
     // [mask_batch, mask_heads, num_m_tiles]: 1 where a query block needs the mask's elements
     // (a float mask's kTilePartial tile); the kernel runs only the blocks where this equals
     // kReadsMaskElements. Null: every block (a boolean mask, or the in-turn kernel alone)
@@ -179,7 +182,8 @@ struct FwdKernel {
   // p: strides already fit for TMA (launch_fwd_main); tile_class / tile_bits: the
   // classification's output in p.mask_workspace (null without a mask)
   static Params to_params(FwdParams const& p, bool longest_first, unsigned char const* tile_class = nullptr,
-                          uint32_t const* tile_bits = nullptr, unsigned char const* block_elements = nullptr) {
+                          uint32_t const* tile_bits = nullptr, int2 const* key_range = nullptr,
+                          unsigned char const* block_elements = nullptr) {
     auto gmem = [](void const* ptr, int s, int h, int b, int64_t rs, int64_t hs, int64_t bs) {
       return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
                          make_shape(s, int32_t(kHeadDim), h, b), make_stride(rs, _1{}, hs, bs));
@@ -220,15 +224,20 @@ struct FwdKernel {
         (p.seqlen_k + kFwdTile - 1) / kFwdTile,
         tile_class,
         tile_bits,
+        key_range,
         block_elements};
   }
 
   // The index of tile (m_block, 0) of (bidh, bidb)'s mask instance in tile_class (m_block is
   // also the tile row: kBlockM == kFwdTile); tile column t's is this + t * num_m_tiles.
   CUTE_DEVICE static int64_t first_tile_index(Params const& params, int m_block, int bidh, int bidb) {
+    return mask_instance(params, bidh, bidb) * params.num_n_tiles * int64_t(params.num_m_tiles) + m_block;
+  }
+  // (bidh, bidb)'s mask instance (broadcast dims: instance 0 along them)
+  CUTE_DEVICE static int64_t mask_instance(Params const& params, int bidh, int bidb) {
     int const mb = params.mask_batch == 1 ? 0 : bidb;
     int const mh = params.mask_heads == 1 ? 0 : bidh;
-    return (int64_t(mb) * params.mask_heads + mh) * params.num_n_tiles * int64_t(params.num_m_tiles) + m_block;
+    return int64_t(mb) * params.mask_heads + mh;
   }
 
   // The class of the classified tile that key block n (n >= 0) lies in; classes: the query
@@ -238,11 +247,12 @@ struct FwdKernel {
   }
 
   // The highest key block <= n that the query block sees (-1: none): n itself without a mask,
-  // else the first whose tile is not empty (an empty tile is passed over whole). The producer
-  // and the MMA warps walk the same blocks.
-  CUTE_DEVICE static int next_block(Params const& params, unsigned char const* classes, int n) {
+  // else the first at or above n_lo (KeyBlocks) whose tile is not empty (an empty tile is passed
+  // over whole). The producer and the MMA warps walk the same blocks.
+  CUTE_DEVICE static int next_block(Params const& params, unsigned char const* classes, int n, int n_lo) {
     if constexpr (kMasked) {
-      while (n >= 0 && block_class(params, classes, n) == kTileEmpty) { n = n / kBlocksPerTile * kBlocksPerTile - 1; }
+      while (n >= n_lo && block_class(params, classes, n) == kTileEmpty) { n = n / kBlocksPerTile * kBlocksPerTile - 1; }
+      if (n < n_lo) { n = -1; }
     }
     return n;
   }
@@ -286,8 +296,7 @@ struct FwdKernel {
   CUTE_DEVICE static bool runs_tile(Params const& params, Tile const& tile) {
     if constexpr (kMasked) {
       if (params.block_elements != nullptr) {
-        int64_t const inst = (params.mask_batch == 1 ? 0 : tile.bidb) * int64_t(params.mask_heads) +
-                             (params.mask_heads == 1 ? 0 : tile.bidh);
+        int64_t const inst = mask_instance(params, tile.bidh, tile.bidb);
         return (params.block_elements[inst * params.num_m_tiles + tile.m_block] != 0) == kReadsMaskElements;
       }
     }
@@ -302,11 +311,30 @@ struct FwdKernel {
     return (keys + kBlockN - 1) / kBlockN;
   }
 
+  // The key blocks [lo, end) a tile walks, last to first: [0, n_block_end) without a mask; with
+  // one, cut to the query block's non-empty key tiles (key_range). One read per tile, where the
+  // walk down from n_block_end read the class of every empty tile above the first non-empty
+  // one in turn (a causal-shaped mask: most of a query block's tiles), in the producer before
+  // its first K / V load and in the MMA warps before their first S.
+  struct KeyBlocks {
+    int lo, end;
+  };
+  CUTE_DEVICE static KeyBlocks key_blocks(Params const& params, Tile const& tile) {
+    int const end = n_block_end(params, tile.m_block);
+    if constexpr (kMasked) {
+      int2 const r =
+          params.key_range[mask_instance(params, tile.bidh, tile.bidb) * params.num_m_tiles + tile.m_block];
+      return {r.x * kBlocksPerTile, cute::min(end, r.y * kBlocksPerTile)};
+    }
+    return {0, end};
+  }
+
   // The producer's share of one tile, the CTA's iter-th (its K / V stages continue the last
   // tile's: write_k, write_v).
   CUTE_DEVICE void load(Params const& params, SharedStorage& ss, PipelineKV& pipeline_k, PipelineKV& pipeline_v,
                         PipelineState& write_k, PipelineState& write_v, int iter, int m_block, int bidh, int bidb,
-                        int n_end) {
+                        KeyBlocks blocks) {
+    int const n_lo = blocks.lo, n_end = blocks.end;
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), SmemLayoutKV{});
@@ -335,7 +363,7 @@ struct FwdKernel {
     unsigned char const* classes =
         kMasked ? params.tile_class + first_tile_index(params, m_block, bidh, bidb) : nullptr;
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int n = next_block(params, classes, n_end - 1); n >= 0; n = next_block(params, classes, n - 1)) {
+    for (int n = next_block(params, classes, n_end - 1, n_lo); n >= 0; n = next_block(params, classes, n - 1, n_lo)) {
       pipeline_k.producer_acquire(write_k);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write_k), 0), tKgK(_, _, _, n),
            tKsK(_, _, _, write_k.index()));
@@ -351,7 +379,8 @@ struct FwdKernel {
   // read_v: the K / V stages, continued from the last tile). thread_idx: 0 .. kNumMmaThreads - 1.
   CUTE_DEVICE void mma(Params const& params, SharedStorage& ss, PipelineKV& pipeline_k, PipelineKV& pipeline_v,
                        PipelineState& read_k, PipelineState& read_v, int iter, int thread_idx, int m_block,
-                       int bidh, int bidb, int n_end) {
+                       int bidh, int bidb, KeyBlocks blocks) {
+    int const n_lo = blocks.lo, n_end = blocks.end;
     TiledMmaS tiled_mma_s;
     TiledMmaO tiled_mma_o;
     auto thr_s = tiled_mma_s.get_thread_slice(thread_idx);
@@ -540,7 +569,7 @@ struct FwdKernel {
     if constexpr (!kOverlap) {
       // each block in turn: S, softmax, P V
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int n = next_block(params, classes, n_end - 1); n >= 0; n = next_block(params, classes, n - 1)) {
+      for (int n = next_block(params, classes, n_end - 1, n_lo); n >= 0; n = next_block(params, classes, n - 1, n_lo)) {
         Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
         gemm_s(tSrS, cute::Int<0>{});
         release_k();
@@ -556,7 +585,7 @@ struct FwdKernel {
       // Within the warpgroup, block n's softmax runs while the tensor cores add the previous
       // block's P V: S_n and P_{n+1} V_{n+1} are issued back to back, the wait for S_n leaves
       // P V in flight, and O is rescaled only after it completes.
-      int const first = next_block(params, classes, n_end - 1);
+      int const first = next_block(params, classes, n_end - 1, n_lo);
       // (kMasked: a query block without a non-empty tile has nothing to compute)
       if (!kMasked || first >= 0) {
         Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -566,7 +595,7 @@ struct FwdKernel {
         softmax(tSrS, first);  // (O is zero: nothing to rescale)
         convert_fragment(tSrS, rP);
         CUTLASS_PRAGMA_NO_UNROLL
-        for (int n = next_block(params, classes, first - 1); n >= 0; n = next_block(params, classes, n - 1)) {
+        for (int n = next_block(params, classes, first - 1, n_lo); n >= 0; n = next_block(params, classes, n - 1, n_lo)) {
           gemm_s(tSrS, cute::Int<-1>{});
           gemm_pv(rP, cute::Int<-1>{});
           warpgroup_wait<1>();  // S_n is complete; P V may still run
@@ -650,7 +679,7 @@ struct FwdKernel {
           Tile const tile = tile_at(params, t);
           if (!runs_tile(params, tile)) { continue; }
           load(params, ss, pipeline_k, pipeline_v, write_k, write_v, iter++, tile.m_block, tile.bidh, tile.bidb,
-               n_block_end(params, tile.m_block));
+               key_blocks(params, tile));
         }
       }
     } else {
@@ -663,7 +692,7 @@ struct FwdKernel {
         Tile const tile = tile_at(params, t);
         if (!runs_tile(params, tile)) { continue; }
         mma(params, ss, pipeline_k, pipeline_v, read_k, read_v, iter++, thread_idx, tile.m_block, tile.bidh,
-            tile.bidb, n_block_end(params, tile.m_block));
+            tile.bidb, key_blocks(params, tile));
       }
     }
   }
