@@ -13,7 +13,11 @@ call is then the host path (the GPU keeps up). Rows:
   * the stock cuDNN aten backward, for reference;
   * forward + backward through the public paths (the drop-in, then torch.autograd.grad; stock
     F.scaled_dot_product_attention on cuDNN likewise) and through the ops called directly
-    (sdpa, then sdpa_backward): what the entry points cost the host over the ops.
+    (sdpa, then sdpa_backward): what the entry points cost the host over the ops;
+  * backward only, torch.autograd.grad of an output made once (retain_graph): the drop-in's,
+    a bare autograd.Function's whose backward calls the op and nothing else (the least any
+    Python autograd path can cost), and stock cuDNN's: the part of issue 49's host gap that
+    is the autograd engine's and the part that is ours.
 
     python benchmarks/host_overhead.py [--json OUT.json] [--profile CALLS]
 
@@ -114,6 +118,48 @@ def _public_path_rows(q, k, v, do, scale):
                 stock_cudnn}
 
 
+class _BareOpFunction(torch.autograd.Function):
+    """out = the op's forward; backward = the sdpa_backward op alone (no checks, no modes)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        out, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, True, scale, False)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.ops.torch_sm90_sdpa.sdpa_backward.default(
+            grad_out, q, k, v, out, lse, True, ctx.scale, False)
+        return dq, dk, dv, None
+
+
+def _backward_only_rows(q, k, v, do, scale):
+    """Backward-only rows: torch.autograd.grad of an output made once (retain_graph=True), as
+    bench_bwd.py's "dropin" column times it (q, k, v [B, H, S, D], causal)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def grad_of(make_out):
+        leaves = tuple(t.detach().requires_grad_(True) for t in (q, k, v))
+        out = make_out(*leaves)
+        return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+
+    def stock(*leaves):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True,
+                                                                    scale=scale)
+    return {
+        "backward only: the drop-in's output, torch.autograd.grad": grad_of(
+            lambda *t: torch_sm90_sdpa.scaled_dot_product_attention(*t, is_causal=True,
+                                                                   scale=scale)),
+        "backward only: a bare autograd.Function around the op, torch.autograd.grad": grad_of(
+            lambda *t: _BareOpFunction.apply(*t, scale)),
+        "backward only: stock cuDNN's output, torch.autograd.grad": grad_of(stock),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the figures here")
@@ -159,6 +205,7 @@ def main():
     }
     public = _public_path_rows(q, k, v, do, scale)
     rows.update(public)
+    rows.update(_backward_only_rows(q, k, v, do, scale))
     for fn in rows.values():  # warm up
         for _ in range(20):
             fn()
