@@ -410,7 +410,7 @@ def _sdpa_body(
     _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask)
     scale = _validation.resolve_scale(scale, q)
     # Our forward for a boolean mask: 1.99-6.49x cuDNN's masked forward for a causal-shaped one
-    # (benchmarks/bench_fwd.py, H100, commit 54c12be), and for an additive mask whose fill it hides
+    # (benchmarks/bench_fwd.py, H100, 54c12be and 28efd86), and for an additive mask whose fill it hides
     # (bf16 / fp32, broadcast over heads: transformers' additive form). fp16 and per-head biases
     # keep the stock forward (eligibility.additive_mask_slower_forward).
     if attn_mask is not None and q.device.type == "cuda":
