@@ -500,3 +500,14 @@ def test_host_overhead_profile_prints_ops_and_python_functions(capsys):
     assert "aten::mm" in text and "Self CPU" in text
     assert "== matmul and its gradient: 7 calls under cProfile" in text
     assert "autograd/__init__.py" in text and "(grad)" in text
+
+
+def test_profile_fwd_takes_the_modes_asked_for():
+    """benchmarks/profile_fwd.py --modes: one or more of causal / bool / bias, in order; an
+    unknown mode is an argument error (ncu's cases name one mode each)."""
+    profile_fwd = _load("profile_fwd_under_test", "benchmarks/profile_fwd.py")
+    args = profile_fwd.parse_args(["--modes", "bool", "--once", "--s", "8192"])
+    assert args.modes == ["bool"] and args.once and args.s == 8192
+    assert profile_fwd.parse_args([]).modes == ["causal", "bool", "bias"]
+    with pytest.raises(SystemExit):
+        profile_fwd.parse_args(["--modes", "causal,alibi"])

@@ -19,11 +19,14 @@
 #   masks     benchmarks/bench_masks.py --fill cudnn --classes at d64 / d128 / d256 (the speed
 #             gate's masked rows): OUTDIR/bench_masks_d<D>.json
 #   sanitize  compute-sanitizer memcheck and racecheck on tools/sanitize_case.py
-#   ncu       Nsight Compute (--set full) of the main kernel's first launch in
-#             benchmarks/profile_bwd.py --once, per case of NCU_CASES (';'-separated
-#             profile_bwd arguments): headline metrics (tools/ncu_summary.py) and the top SASS
-#             instructions by stalls and shared wavefronts (tools/ncu_top_instructions.py);
-#             build with TORCH_SM90_SDPA_NVCC_FLAGS=-lineinfo to map SASS to source lines
+#   ncu       Nsight Compute (--set full) of the first launch of NCU_KERNEL (a regex, default
+#             bwd_main_kernel) in NCU_SCRIPT (default benchmarks/profile_bwd.py) --once, per case
+#             of NCU_CASES (';'-separated arguments of the script): headline metrics
+#             (tools/ncu_summary.py) and the top SASS instructions by stalls and shared
+#             wavefronts (tools/ncu_top_instructions.py); the forward: NCU_SCRIPT=
+#             benchmarks/profile_fwd.py NCU_KERNEL=fwd_main_kernel NCU_CASES="--modes causal;
+#             --modes bool"; build with TORCH_SM90_SDPA_NVCC_FLAGS=-lineinfo to map SASS to
+#             source lines
 #   wheel     the wheel (pip wheel, every core) into OUTDIR/wheel/, installed with pip into
 #             build/wheel_site; the later steps of the call then run on the installed package
 #             (this copy's torch_sm90_sdpa/ is moved aside until the script exits), e.g.
@@ -319,8 +322,9 @@ do_ncu() {
     i=$((i + 1))
     rep="$OUT/ncu_$i"
     # shellcheck disable=SC2086
-    timeout 300 ncu --clock-control none --set full --import-source yes -k 'regex:bwd_main_kernel' \
-      -c 1 -f -o "$rep" "$PY" benchmarks/profile_bwd.py --once $args > "$rep.log" 2>&1
+    timeout 300 ncu --clock-control none --set full --import-source yes \
+      -k "regex:${NCU_KERNEL:-bwd_main_kernel}" -c 1 -f -o "$rep" \
+      "$PY" "${NCU_SCRIPT:-benchmarks/profile_bwd.py}" --once $args > "$rep.log" 2>&1
     local rc=$?
     [ "$rc" -eq 0 ] || status=1
     ncu --import "$rep.ncu-rep" --page details --csv > "${rep}_details.csv" 2>&1
