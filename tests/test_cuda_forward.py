@@ -246,17 +246,6 @@ def _halves_mask(sq, sk, additive_dtype=None):
     return torch.zeros(keep.shape, device="cuda", dtype=additive_dtype).masked_fill(~keep, float("-inf"))
 
 
-@pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
-@pytest.mark.parametrize("head_dim,dtype", _one_dtype_per_head_dim())
-@pytest.mark.parametrize("form", ["bool", "0/-inf bias"])
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("sq,sk", [(300, 333), (333, 300), (129, 330)])
-def test_masked_forward_key_blocks_within_a_classified_tile(form, is_causal, sq, sk, head_dim, dtype,
-                                                            kernel_kind):
-    mask = _halves_mask(sq, sk, None if form == "bool" else dtype)
-    _check_masked(form, 2, 4, 2, sq, sk, head_dim, dtype, is_causal=is_causal, seed=sq + sk, mask=mask)
-
-
 def _bands_mask(b, sq, sk, additive_dtype=None):
     """A [B, 1, Sq, Sk] mask whose query blocks (128 rows) each see a different band of the
     classified 128-key tiles, so that every query block's range of non-empty key tiles
@@ -282,9 +271,18 @@ def _bands_mask(b, sq, sk, additive_dtype=None):
 @pytest.mark.parametrize("head_dim,dtype", _one_dtype_per_head_dim())
 @pytest.mark.parametrize("form", ["bool", "0/-inf bias"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_masked_forward_walks_each_query_blocks_key_range(form, is_causal, head_dim, dtype, kernel_kind):
-    mask = _bands_mask(2, 1100, 1250, None if form == "bool" else dtype)
-    _check_masked(form, 2, 4, 2, 1100, 1250, head_dim, dtype, is_causal=is_causal, seed=11, mask=mask)
+@pytest.mark.parametrize("mask_case", ["halves 300x333", "halves 333x300", "halves 129x330",
+                                       "bands 1100x1250"])
+def test_masked_forward_walks_the_classified_tiles(form, is_causal, mask_case, head_dim, dtype,
+                                                   kernel_kind):
+    """The key blocks within a classified tile (_halves_mask: d192 / d256 walk 64-key halves)
+    and each query block's range of non-empty key tiles (_bands_mask)."""
+    name, size = mask_case.split()
+    sq, sk = map(int, size.split("x"))
+    additive = None if form == "bool" else dtype
+    mask = _halves_mask(sq, sk, additive) if name == "halves" else _bands_mask(2, sq, sk, additive)
+    seed = sq + sk if name == "halves" else 11
+    _check_masked(form, 2, 4, 2, sq, sk, head_dim, dtype, is_causal=is_causal, seed=seed, mask=mask)
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no forward kernel compiled")
