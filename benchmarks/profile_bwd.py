@@ -3,6 +3,8 @@ device time of every kernel per call, for is_causal and for a causal mask passed
 (so the cost of the mask path shows kernel by kernel), or for no mask and an all-zero bias
 (--mask zeros: every tile full, the masked kernel's cost where it has no mask work):
     python benchmarks/profile_bwd.py [--b 2 --h 16 --kv-heads 4 --s 16384 --d 128] [--mask zeros]
+                                     [--deterministic]
+--deterministic runs every mode in the deterministic mode (docs/DETERMINISM.md).
 --once calls each mode once, unprofiled (for Nsight Compute: tools/gpu.sh ncu).
 Per mode it also prints where a call's time goes when it is timed as bench_bwd / bench_masks
 time it (CUDA events around one call on an idle GPU, median): event wall, the GPU span from the
@@ -66,7 +68,7 @@ def call_spans(fn, reps):
     return statistics.median(walls), statistics.median(spans), statistics.median(sums)
 
 
-def main():
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--b", type=int, default=2)
     ap.add_argument("--h", type=int, default=16)
@@ -77,9 +79,15 @@ def main():
                     help="masked bias entries: -inf, or -65504 as torch hands cuDNN a bool mask")
     ap.add_argument("--mask", choices=["causal", "zeros"], default="causal",
                     help="causal: is_causal vs a causal bias; zeros: no mask vs an all-zero bias")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="every mode in the kernel's deterministic mode")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--once", action="store_true", help="one call per mode, no profiler (for ncu)")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     b, h, s, d = args.b, args.h, args.s, args.d
     hkv = args.kv_heads or h
     scale = d ** -0.5
@@ -95,18 +103,20 @@ def main():
     o, lse = torch.ops.torch_sm90_sdpa.sdpa(q, k, v, causal, scale, hkv != h)
 
     ops = torch.ops.torch_sm90_sdpa
+    det = args.deterministic
     modes = {
         ("is_causal" if causal else "no mask"):
-            lambda: ops.sdpa_backward(do, q, k, v, o, lse, causal, scale, False),
+            lambda: ops.sdpa_backward(do, q, k, v, o, lse, causal, scale, det),
         ("causal bias" if causal else "zero bias"):
-            lambda: ops.sdpa_backward(do, q, k, v, o, lse, False, scale, False, bias),
+            lambda: ops.sdpa_backward(do, q, k, v, o, lse, False, scale, det, bias),
     }
     if args.once:
         for fn in modes.values():
             fn()
         torch.cuda.synchronize()
         return
-    print(f"{torch.cuda.get_device_name()}, b{b} h{h}/{hkv} s{s} d{d}, {args.mask} bias, fill {args.fill}; "
+    print(f"{torch.cuda.get_device_name()}, b{b} h{h}/{hkv} s{s} d{d}, {args.mask} bias, fill {args.fill}"
+          f"{', deterministic' if det else ''}; "
           f"device ms per call (mean of {args.reps})")
     for name, fn in modes.items():
         per_kernel = kernel_ms(fn, args.reps)

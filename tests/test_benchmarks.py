@@ -511,3 +511,10 @@ def test_profile_fwd_takes_the_modes_asked_for():
     assert profile_fwd.parse_args([]).modes == ["causal", "bool", "bias"]
     with pytest.raises(SystemExit):
         profile_fwd.parse_args(["--modes", "causal,alibi"])
+
+
+def test_profile_bwd_takes_the_deterministic_mode():
+    """benchmarks/profile_bwd.py --deterministic (for ncu of the deterministic main kernel)."""
+    profile_bwd = _load("profile_bwd_under_test", "benchmarks/profile_bwd.py")
+    assert profile_bwd.parse_args(["--deterministic", "--once"]).deterministic
+    assert not profile_bwd.parse_args([]).deterministic
