@@ -6,7 +6,7 @@ mask path's cost shows kernel by kernel (classification, key ranges, fill rows, 
                                      [--modes causal,bool,bias] [--reps 10]
 --once calls each mode of --modes once, unprofiled (for Nsight Compute: tools/gpu.sh ncu with
 NCU_SCRIPT=benchmarks/profile_fwd.py NCU_KERNEL=fwd_main_kernel, one mode per case, e.g.
-NCU_CASES="--modes causal --once;--modes bool --once").
+NCU_CASES="--modes causal;--modes bool": the tool adds --once).
 """
 import argparse
 import os
