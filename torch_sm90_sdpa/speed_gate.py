@@ -241,7 +241,7 @@ def _masked_faster_than_stock(call: AttentionBackwardCall, model: Optional[str])
 
 # Calls with a v head dim Dv != D (a (D, Dv) pair built on request, TILES_DV) by the rows of
 # that pair alone (bench_bwd --dv-pairs; rows with head_dim_v): unmasked MHA calls only, the
-# pair's only measured shapes. (192, 128) on an H100, the slower of two runs (4bf0669, 54c12be)
+# pair's only measured shapes. (192, 128) on an H100, the slower of two measurements (4bf0669, 54c12be)
 # per row: 1.29x / 1.39x cuDNN at 2k / 8k keys without a mask, 0.85x / 0.81x causal; about 10x
 # the memory-efficient backward. A model without rows of the pair takes every model's, as the
 # forward's gate does.
