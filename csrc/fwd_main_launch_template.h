@@ -28,6 +28,7 @@ struct FwdMaskTiles {
   unsigned char const* tile_class = nullptr;
   uint32_t const* tile_bits = nullptr;
   int2 const* key_range = nullptr;
+  unsigned char const* block_classes = nullptr;  // tile_class query-block major
   unsigned char const* block_elements = nullptr;  // null: a boolean mask (no element tiles)
 };
 
@@ -71,9 +72,11 @@ inline FwdMaskTiles classify_fwd_mask(const FwdParams& p, cudaStream_t stream) {
                    reinterpret_cast<unsigned char*>(base + w.block_elements)};
   run_mask_classify(c, stream, float_mask ? &fill : nullptr);
   int2* key_range = reinterpret_cast<int2*>(base + w.key_range);
-  run_fwd_key_ranges(c.tile_class, key_range, int64_t(p.mask_batch) * p.mask_heads, c.num_m_blocks, c.num_n_blocks,
-                     stream);
-  return FwdMaskTiles{c.tile_class, c.tile_bits, key_range, float_mask ? fill.block_elements : nullptr};
+  unsigned char* block_classes = reinterpret_cast<unsigned char*>(base + w.block_classes);
+  run_fwd_key_ranges(c.tile_class, key_range, block_classes, int64_t(p.mask_batch) * p.mask_heads, c.num_m_blocks,
+                     c.num_n_blocks, stream);
+  return FwdMaskTiles{c.tile_class, c.tile_bits, key_range, block_classes,
+                      float_mask ? fill.block_elements : nullptr};
 }
 
 // One launch of FwdKernel<..., kOverlap, kMasked>. tiles (kMasked): the classification's output;
@@ -99,7 +102,8 @@ void launch_fwd_main(const FwdParams& params, const FwdMaskTiles& tiles, cudaStr
   // causal cut, a mask). One CTA per tile: the hardware hands the next to the first free SM.
   bool const longest_first = persistent && (p.is_causal || kMasked);
   typename Kernel::Params kparams =
-      Kernel::to_params(p, longest_first, tiles.tile_class, tiles.tile_bits, tiles.key_range, tiles.block_elements);
+      Kernel::to_params(p, longest_first, tiles.tile_class, tiles.tile_bits, tiles.key_range,
+                        tiles.block_classes, tiles.block_elements);
 
   auto kernel_fn = kernel::fwd_main_kernel<Kernel>;
   int const smem_size = Kernel::kSharedStorageSize;

@@ -79,12 +79,14 @@ constexpr int kFwdTile = 128;
 //   tile_class      [inst, n_blocks, m_blocks] bytes (mask_classify.h)
 //   key_range       [inst, m_blocks] int2: per query block, the key tiles from the first to
 //                   past the last non-empty one (run_fwd_key_ranges)
+//   block_classes   [inst, m_blocks, n_blocks] bytes: tile_class query-block major (the
+//                   kernel's reads, run_fwd_key_ranges)
 //   block_elements  [inst, m_blocks] bytes: 1 where a query block has a tile that needs the
 //                   mask's elements (kTilePartial)
 //   row_flags       [inst, Sq] words: bit 0 the row sees a key, bit 1 it has a fill entry
 //   tile_bits       kFwdTile * kFwdTile / 8 bytes per tile, in tile_class order
 struct FwdMaskWorkspace {
-  int64_t tile_class, key_range, block_elements, row_flags, tile_bits, bytes;
+  int64_t tile_class, key_range, block_classes, block_elements, row_flags, tile_bits, bytes;
 };
 inline FwdMaskWorkspace fwd_mask_workspace_layout(int mask_batch, int mask_heads, int seqlen_q, int seqlen_k) {
   auto round16 = [](int64_t x) { return (x + 15) / 16 * 16; };
@@ -94,7 +96,8 @@ inline FwdMaskWorkspace fwd_mask_workspace_layout(int mask_batch, int mask_heads
   FwdMaskWorkspace w{};
   w.tile_class = 0;
   w.key_range = w.tile_class + round16(tiles);
-  w.block_elements = w.key_range + round16(8 * inst * m_blocks);
+  w.block_classes = w.key_range + round16(8 * inst * m_blocks);
+  w.block_elements = w.block_classes + round16(tiles);
   w.row_flags = w.block_elements + round16(inst * m_blocks);
   w.tile_bits = w.row_flags + round16(4 * inst * int64_t(seqlen_q));
   w.bytes = w.tile_bits + tiles * (kFwdTile * kFwdTile / 8);

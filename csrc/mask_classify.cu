@@ -426,6 +426,24 @@ void launch_fill_rows_from_lse(const FillLseArgs& a, cudaStream_t stream) {
       <<<unsigned((rows + kFillLseThreads - 1) / kFillLseThreads), kFillLseThreads, 0, stream>>>(a);
 }
 
+// The non-empty stretch of a row of `count` tile classes (row[i * stride]), one warp: [lo, hi)
+// from the first to past the last non-empty class, {0, 0} when none. Every lane returns it.
+__device__ int2 live_range(const unsigned char* row, int count, int64_t stride, unsigned char* copy = nullptr) {
+  const int lane = threadIdx.x % 32;
+  int lo = count, hi = 0;
+  for (int i0 = 0; i0 < count; i0 += 32) {
+    const int i = i0 + lane;
+    const unsigned char cls = i < count ? row[int64_t(i) * stride] : kTileEmpty;
+    if (copy != nullptr && i < count) copy[i] = cls;
+    const unsigned live = __ballot_sync(0xffffffffu, cls != kTileEmpty);
+    if (live != 0u) {
+      lo = min(lo, i0 + __ffs(int(live)) - 1);
+      hi = i0 + 32 - __clz(int(live));
+    }
+  }
+  return lo < hi ? make_int2(lo, hi) : make_int2(0, 0);
+}
+
 // One warp per (mask instance, n-block) row of tile classes: the m-blocks [lo, hi) from the
 // first to past the last non-empty tile, {0, 0} when none (BwdParams::tile_m_range).
 constexpr int kRangeWarps = 4;
@@ -437,42 +455,23 @@ __global__ void __launch_bounds__(kRangeWarps * 32)
   // it waits for this grid's completion before it reads a class or a range (grid_dependency.h)
   allow_dependent_grids();
   const int64_t row = int64_t(blockIdx.x) * kRangeWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  const unsigned char* cls = tile_class + row * num_m_blocks;
-  int lo = num_m_blocks, hi = 0;
-  for (int m0 = 0; m0 < num_m_blocks; m0 += 32) {
-    const int m = m0 + lane;
-    const unsigned live = __ballot_sync(0xffffffffu, m < num_m_blocks && cls[m] != kTileEmpty);
-    if (live != 0u) {
-      lo = min(lo, m0 + __ffs(int(live)) - 1);
-      hi = m0 + 32 - __clz(int(live));
-    }
-  }
-  if (lane == 0) tile_m_range[row] = lo < hi ? make_int2(lo, hi) : make_int2(0, 0);
+  const int2 r = live_range(tile_class + row * num_m_blocks, num_m_blocks, 1);
+  if (threadIdx.x % 32 == 0) tile_m_range[row] = r;
 }
 
-// The forward's key ranges (run_fwd_key_ranges): one warp per (mask instance, query block).
+// The forward's key ranges and class rows (run_fwd_key_ranges): one warp per (mask instance,
+// query block).
 __global__ void __launch_bounds__(kRangeWarps * 32)
-    key_range_kernel(const unsigned char* tile_class, int2* key_range, int64_t blocks, int num_m_blocks,
-                     int num_n_blocks) {
+    key_range_kernel(const unsigned char* tile_class, int2* key_range, unsigned char* block_classes,
+                     int64_t blocks, int num_m_blocks, int num_n_blocks) {
   const int64_t block = int64_t(blockIdx.x) * kRangeWarps + threadIdx.x / 32;  // inst * m_blocks + m
-  const int lane = threadIdx.x % 32;
   if (block >= blocks) return;
   const int64_t inst = block / num_m_blocks;
   const int m_block = int(block - inst * num_m_blocks);
-  const unsigned char* cls = tile_class + inst * num_n_blocks * num_m_blocks + m_block;
-  int lo = num_n_blocks, hi = 0;
-  for (int n0 = 0; n0 < num_n_blocks; n0 += 32) {
-    const int n = n0 + lane;
-    const unsigned live =
-        __ballot_sync(0xffffffffu, n < num_n_blocks && cls[int64_t(n) * num_m_blocks] != kTileEmpty);
-    if (live != 0u) {
-      lo = min(lo, n0 + __ffs(int(live)) - 1);
-      hi = n0 + 32 - __clz(int(live));
-    }
-  }
-  if (lane == 0) key_range[block] = lo < hi ? make_int2(lo, hi) : make_int2(0, 0);
+  const int2 r = live_range(tile_class + inst * num_n_blocks * num_m_blocks + m_block, num_n_blocks,
+                            num_m_blocks, block_classes + block * num_n_blocks);
+  if (threadIdx.x % 32 == 0) key_range[block] = r;
 }
 
 // A float mask's classification: with the forward's fill flags (kFill) or without.
@@ -601,12 +600,12 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRow
       p.tile_class, reinterpret_cast<int2*>(p.tile_m_range), rows, p.num_m_blocks);
 }
 
-void run_fwd_key_ranges(const unsigned char* tile_class, int2* key_range, int64_t instances, int num_m_blocks,
-                        int num_n_blocks, cudaStream_t stream) {
+void run_fwd_key_ranges(const unsigned char* tile_class, int2* key_range, unsigned char* block_classes,
+                        int64_t instances, int num_m_blocks, int num_n_blocks, cudaStream_t stream) {
   const int64_t blocks = instances * num_m_blocks;
   if (blocks == 0) return;
   key_range_kernel<<<unsigned((blocks + kRangeWarps - 1) / kRangeWarps), kRangeWarps * 32, 0, stream>>>(
-      tile_class, key_range, blocks, num_m_blocks, num_n_blocks);
+      tile_class, key_range, block_classes, blocks, num_m_blocks, num_n_blocks);
 }
 
 }  // namespace sm90_sdpa

@@ -67,8 +67,11 @@ void run_mask_classify(const BwdParams& params, cudaStream_t stream, const FwdFi
 // and query block, key_range[inst * num_m_blocks + m] = the key tiles [lo, hi) from the first to
 // past the last non-empty tile of tile_class [inst, num_n_blocks, num_m_blocks], {0, 0} when
 // none. The forward kernel starts its walk over the key blocks at hi instead of passing every
-// empty tile above it one class read at a time (FwdKernel::key_blocks).
-void run_fwd_key_ranges(const unsigned char* tile_class, int2* key_range, int64_t instances, int num_m_blocks,
-                        int num_n_blocks, cudaStream_t stream);
+// empty tile above it one class read at a time (FwdKernel::key_blocks). block_classes
+// [inst, num_m_blocks, num_n_blocks] gets the same classes query-block major: the kernel reads a
+// query block's classes from consecutive bytes (one cache line for up to 128 key tiles), where
+// tile_class's are num_m_blocks bytes apart.
+void run_fwd_key_ranges(const unsigned char* tile_class, int2* key_range, unsigned char* block_classes,
+                        int64_t instances, int num_m_blocks, int num_n_blocks, cudaStream_t stream);
 
 }  // namespace sm90_sdpa

@@ -173,6 +173,9 @@ struct FwdKernel {
     // [mask_batch, mask_heads, num_m_tiles]: each query block's non-empty key tiles [lo, hi)
     // (run_fwd_key_ranges; {0, 0}: none)
     int2 const* key_range;
+    // [mask_batch, mask_heads, num_m_tiles, num_n_tiles]: tile_class query-block major, the
+    // classes the walk reads (run_fwd_key_ranges): a query block's are consecutive bytes
+    unsigned char const* block_classes;
     // [mask_batch, mask_heads, num_m_tiles]: 1 where a query block needs the mask's elements
     // (a float mask's kTilePartial tile); the kernel runs only the blocks where this equals
     // kReadsMaskElements. Null: every block (a boolean mask, or the in-turn kernel alone)
@@ -183,6 +186,7 @@ struct FwdKernel {
   // classification's output in p.mask_workspace (null without a mask)
   static Params to_params(FwdParams const& p, bool longest_first, unsigned char const* tile_class = nullptr,
                           uint32_t const* tile_bits = nullptr, int2 const* key_range = nullptr,
+                          unsigned char const* block_classes = nullptr,
                           unsigned char const* block_elements = nullptr) {
     auto gmem = [](void const* ptr, int s, int h, int b, int64_t rs, int64_t hs, int64_t bs) {
       return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
@@ -225,6 +229,7 @@ struct FwdKernel {
         tile_class,
         tile_bits,
         key_range,
+        block_classes,
         block_elements};
   }
 
@@ -240,21 +245,50 @@ struct FwdKernel {
     return int64_t(mb) * params.mask_heads + mh;
   }
 
-  // The class of the classified tile that key block n (n >= 0) lies in; classes: the query
-  // block's first tile (first_tile_index).
-  CUTE_DEVICE static unsigned char block_class(Params const& params, unsigned char const* classes, int n) {
-    return classes[int64_t(n / kBlocksPerTile) * params.num_m_tiles];
+  // The query block's row of block_classes: the class of its key tile t is row[t].
+  CUTE_DEVICE static unsigned char const* class_row(Params const& params, int m_block, int bidh, int bidb) {
+    return params.block_classes +
+           (mask_instance(params, bidh, bidb) * params.num_m_tiles + m_block) * int64_t(params.num_n_tiles);
+  }
+  // The class of the classified tile that key block n (n >= 0) lies in (classes: class_row).
+  CUTE_DEVICE static unsigned char block_class(unsigned char const* classes, int n) {
+    return classes[n / kBlocksPerTile];
   }
 
-  // The highest key block <= n that the query block sees (-1: none): n itself without a mask,
-  // else the first at or above n_lo (KeyBlocks) whose tile is not empty (an empty tile is passed
-  // over whole). The producer and the MMA warps walk the same blocks.
-  CUTE_DEVICE static int next_block(Params const& params, unsigned char const* classes, int n, int n_lo) {
+  // A key block of the walk and the class of its tile (kTileFull without a mask); n < 0: none.
+  struct Block {
+    int n;
+    unsigned char cls;
+  };
+
+  // The highest key block <= n that the query block sees (n < 0: none): n itself without a
+  // mask, else the first at or above n_lo (KeyBlocks) whose tile is not empty (an empty tile is
+  // passed over whole). The producer and the MMA warps walk the same blocks.
+  CUTE_DEVICE static Block next_block(unsigned char const* classes, int n, int n_lo) {
     if constexpr (kMasked) {
-      while (n >= n_lo && block_class(params, classes, n) == kTileEmpty) { n = n / kBlocksPerTile * kBlocksPerTile - 1; }
-      if (n < n_lo) { n = -1; }
+      for (; n >= n_lo; n = n / kBlocksPerTile * kBlocksPerTile - 1) {
+        unsigned char const cls = block_class(classes, n);
+        if (cls != kTileEmpty) { return {n, cls}; }
+      }
+      return {-1, kTileEmpty};
     }
-    return n;
+    return {n, kTileFull};
+  }
+  // The MMA warps read the class of the block below b one step ahead: peek_class at the start
+  // of b's step (no wait: the value is first used at the step's end), then after() takes it,
+  // where next_block's read at the loop's head kept the tensor cores waiting for it.
+  CUTE_DEVICE static unsigned char peek_class(unsigned char const* classes, Block b, int n_lo) {
+    if constexpr (kMasked) { return b.n - 1 >= n_lo ? block_class(classes, b.n - 1) : kTileEmpty; }
+    return kTileFull;
+  }
+  CUTE_DEVICE static Block after(unsigned char const* classes, Block b, unsigned char peek, int n_lo) {
+    if constexpr (kMasked) {
+      if (peek != kTileEmpty) { return {b.n - 1, peek}; }
+      // the end of the range, or an empty tile inside it: on below that tile
+      return b.n - 1 < n_lo ? Block{-1, kTileEmpty}
+                            : next_block(classes, (b.n - 1) / kBlocksPerTile * kBlocksPerTile - 1, n_lo);
+    }
+    return {b.n - 1, kTileFull};
   }
 
   // ---- the tiles: (m_block, q head, batch), num_tiles of them ----
@@ -329,6 +363,21 @@ struct FwdKernel {
     return {0, end};
   }
 
+  // kMasked: tile t's key range and class row into L1 (t >= num_tiles: none), by the MMA warps
+  // while the tile before it runs, so that their first reads of tile t (key_blocks, then
+  // next_block) hit L1 instead of waiting on L2 twice in a row before its first S.
+  CUTE_DEVICE static void prefetch_tile(Params const& params, int t) {
+    if constexpr (kMasked) {
+      if (t >= num_tiles(params)) { return; }
+      Tile const tile = tile_at(params, t);
+      int64_t const at = mask_instance(params, tile.bidh, tile.bidb) * params.num_m_tiles + tile.m_block;
+      unsigned char const* row = params.block_classes + at * params.num_n_tiles;
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(params.key_range + at));
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(row));
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(row + params.num_n_tiles - 1));
+    }
+  }
+
   // The producer's share of one tile, the CTA's iter-th (its K / V stages continue the last
   // tile's: write_k, write_v).
   CUTE_DEVICE void load(Params const& params, SharedStorage& ss, PipelineKV& pipeline_k, PipelineKV& pipeline_v,
@@ -360,10 +409,9 @@ struct FwdKernel {
     if (iter > 0) { ss.barrier_q_empty.wait((iter - 1) & 1); }  // the last tile's S are done
     ss.barrier_q.arrive_and_expect_tx(kTmaBytesQ);
     copy(params.tma_q.with(reinterpret_cast<BarrierT&>(ss.barrier_q), 0), tQgQ, tQsQ);
-    unsigned char const* classes =
-        kMasked ? params.tile_class + first_tile_index(params, m_block, bidh, bidb) : nullptr;
+    unsigned char const* classes = kMasked ? class_row(params, m_block, bidh, bidb) : nullptr;
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int n = next_block(params, classes, n_end - 1, n_lo); n >= 0; n = next_block(params, classes, n - 1, n_lo)) {
+    for (int n = next_block(classes, n_end - 1, n_lo).n; n >= 0; n = next_block(classes, n - 1, n_lo).n) {
       pipeline_k.producer_acquire(write_k);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write_k), 0), tKgK(_, _, _, n),
            tKsK(_, _, _, write_k.index()));
@@ -413,32 +461,52 @@ struct FwdKernel {
     bool const is_causal = params.is_causal;
     float const scale_log2 = params.scale_log2;
     int64_t const tile0 = kMasked ? first_tile_index(params, m_block, bidh, bidb) : 0;
-    unsigned char const* classes = kMasked ? params.tile_class + tile0 : nullptr;
+    unsigned char const* classes = kMasked ? class_row(params, m_block, bidh, bidb) : nullptr;
     ss.barrier_q.wait(iter & 1);
     // every S = Q K^T of the tile is complete: the producer may load the next tile's Q
     auto release_q = [&]() __attribute__((always_inline)) { ss.barrier_q_empty.arrive(); };
+
+    // kMasked, a kTilePartialBits tile: this thread's rows' words of the tile's bits (row-major:
+    // bit k % 32 of word k / 32 of a row, mask_classify.cu), this key block's share (from word
+    // (n % kBlocksPerTile) * kBlockRowWords of a row). The overlap kernel loads them at the start
+    // of the block's step, before its S = Q K^T: the softmax finds them in registers, not an L2
+    // round trip after S. (The in-turn kernel, which holds the mask's pointer and strides too,
+    // spilled with them live across S: it loads them in mask_scores.)
+    constexpr bool kPrefetchBits = kOverlap;
+    uint32_t bits[kRows][kBlockRowWords];
+    auto load_bits = [&](Block b) __attribute__((always_inline)) {
+      if constexpr (kMasked) {
+        if (b.cls != kTilePartialBits) { return; }
+        uint32_t const* words = params.tile_bits +
+                                (tile0 + int64_t(b.n / kBlocksPerTile) * params.num_m_tiles) * kTileBitWords +
+                                (b.n % kBlocksPerTile) * kBlockRowWords;
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          uint32_t const* row_words = words + get<0>(cS(r, 0)) * kTileRowWords;
+          if constexpr (kBlockRowWords == 4) {  // (16-byte aligned: rows of 4 words, blocks of 4)
+            uint4 const v = *reinterpret_cast<uint4 const*>(row_words);
+            bits[r][0] = v.x, bits[r][1] = v.y, bits[r][2] = v.z, bits[r][3] = v.w;
+          } else {
+            CUTLASS_PRAGMA_UNROLL
+            for (int w = 0; w < kBlockRowWords; ++w) { bits[r][w] = row_words[w]; }
+          }
+        }
+      }
+    };
 
     // kMasked, a partial tile: S scaled into the log2 domain with the mask added (-inf where
     // hidden, the causal cut and the key tail included).
     auto mask_scores = [&](auto& S, int n, unsigned char cls) __attribute__((always_inline)) {
       if (cls == kTilePartialBits) {
-        // the tile as bits, row-major: bit k % 32 of word k / 32 of a row (mask_classify.cu);
-        // this key block's keys start at word (n % kBlocksPerTile) * kBlockRowWords of a row
-        uint32_t const* bits = params.tile_bits +
-                               (tile0 + int64_t(n / kBlocksPerTile) * params.num_m_tiles) * kTileBitWords +
-                               (n % kBlocksPerTile) * kBlockRowWords;
+        if constexpr (!kPrefetchBits) { load_bits(Block{n, cls}); }
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
-          uint32_t const* row_bits = bits + get<0>(cS(r, 0)) * kTileRowWords;
-          uint32_t words[kBlockRowWords];
-          CUTLASS_PRAGMA_UNROLL
-          for (int w = 0; w < kBlockRowWords; ++w) { words[w] = row_bits[w]; }
           CUTLASS_PRAGMA_UNROLL
           for (int c = 0; c < size<1>(S); ++c) {
             int const col = get<1>(cS(r, c));  // within the key block
-            uint32_t word = words[0];
+            uint32_t word = bits[r][0];
             CUTLASS_PRAGMA_UNROLL
-            for (int w = 1; w < kBlockRowWords; ++w) { word = col >= 32 * w ? words[w] : word; }
+            for (int w = 1; w < kBlockRowWords; ++w) { word = col >= 32 * w ? bits[r][w] : word; }
             S(r, c) = (word >> (col % 32)) & 1u ? S(r, c) : -INFINITY;  // (unscaled)
           }
         }
@@ -483,16 +551,15 @@ struct FwdKernel {
     float correction[kRows];
     bool rescale = false;  // warp-uniform: a row of the warp moved its reference
     float const rescale_slack = params.rescale_slack;
-    auto softmax = [&](auto& tSrS, int n) __attribute__((always_inline)) {
+    auto softmax = [&](auto& tSrS, Block b) __attribute__((always_inline)) {
       Tensor S = make_tensor(tSrS.data(), acc_layout_rowcol(tSrS.layout()));
-      int const n0 = n * kBlockN;
+      int const n0 = b.n * kBlockN;
       bool cut = false, scaled = false;
       if constexpr (kMasked) {
         // full tiles: no masking at all (the classification folded the key tail and the cut in)
-        unsigned char const cls = block_class(params, classes, n);
-        if (cls != kTileFull) {
-          mask_scores(S, n, cls);
-          scaled = cls != kTilePartialBits;  // the element path adds the bias in the log2 domain
+        if (b.cls != kTileFull) {
+          mask_scores(S, b.n, b.cls);
+          scaled = b.cls != kTilePartialBits;  // the element path adds the bias in the log2 domain
         }
       } else {
         cut = n0 + kBlockN > seqlen_k || (is_causal && n0 + kBlockN - 1 > m0);
@@ -569,39 +636,45 @@ struct FwdKernel {
     if constexpr (!kOverlap) {
       // each block in turn: S, softmax, P V
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int n = next_block(params, classes, n_end - 1, n_lo); n >= 0; n = next_block(params, classes, n - 1, n_lo)) {
+      for (Block b = next_block(classes, n_end - 1, n_lo); b.n >= 0;) {
+        unsigned char const peek = peek_class(classes, b, n_lo);
         Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
         gemm_s(tSrS, cute::Int<0>{});
         release_k();
-        softmax(tSrS, n);
+        softmax(tSrS, b);
         rescale_o();
         Tensor rP = make_tensor_like<Element>(tSrS);
         convert_fragment(tSrS, rP);
         gemm_pv(rP, cute::Int<0>{});
         release_v();
+        b = after(classes, b, peek, n_lo);
       }
       release_q();
     } else {
       // Within the warpgroup, block n's softmax runs while the tensor cores add the previous
       // block's P V: S_n and P_{n+1} V_{n+1} are issued back to back, the wait for S_n leaves
       // P V in flight, and O is rescaled only after it completes.
-      int const first = next_block(params, classes, n_end - 1, n_lo);
+      Block const first = next_block(classes, n_end - 1, n_lo);
       // (kMasked: a query block without a non-empty tile has nothing to compute)
-      if (!kMasked || first >= 0) {
+      if (!kMasked || first.n >= 0) {
         Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
         Tensor rP = make_tensor_like<Element>(tSrS);
+        unsigned char peek = peek_class(classes, first, n_lo);
+        load_bits(first);
         gemm_s(tSrS, cute::Int<0>{});
         release_k();
         softmax(tSrS, first);  // (O is zero: nothing to rescale)
         convert_fragment(tSrS, rP);
         CUTLASS_PRAGMA_NO_UNROLL
-        for (int n = next_block(params, classes, first - 1, n_lo); n >= 0; n = next_block(params, classes, n - 1, n_lo)) {
+        for (Block b = after(classes, first, peek, n_lo); b.n >= 0; b = after(classes, b, peek, n_lo)) {
+          peek = peek_class(classes, b, n_lo);
+          load_bits(b);
           gemm_s(tSrS, cute::Int<-1>{});
           gemm_pv(rP, cute::Int<-1>{});
           warpgroup_wait<1>();  // S_n is complete; P V may still run
           warpgroup_fence_operand(tSrS);
           release_k();
-          softmax(tSrS, n);
+          softmax(tSrS, b);
           warpgroup_wait<0>();  // P V is complete: O and rP are free
           warpgroup_fence_operand(tOrO);
           release_v();
@@ -612,7 +685,7 @@ struct FwdKernel {
         gemm_pv(rP, cute::Int<0>{});
         release_v();
       }
-      if (kMasked && first < 0) { release_q(); }
+      if (kMasked && first.n < 0) { release_q(); }
     }
 
     // ---- epilogue: O / rowsum and lse, from registers ----
@@ -691,6 +764,7 @@ struct FwdKernel {
       for (int k = 0, t = cta_tile(0); t < tiles; t = cta_tile(++k)) {
         Tile const tile = tile_at(params, t);
         if (!runs_tile(params, tile)) { continue; }
+        if (thread_idx == 0) { prefetch_tile(params, cta_tile(k + 1)); }
         mma(params, ss, pipeline_k, pipeline_v, read_k, read_v, iter++, thread_idx, tile.m_block, tile.bidh,
             tile.bidb, key_blocks(params, tile));
       }
