@@ -86,9 +86,6 @@ __device__ __forceinline__ uint32_t nonzero_bits(uint2 x) {
   return ((lo * 0x01010101u) >> 24) | (((hi * 0x01010101u) >> 24) << 4);
 }
 
-// Boolean chunks in flight per lane on the fast path (8 bytes each).
-constexpr int kBoolFastInFlight = 16;
-
 // The bits of an additive mask element type, in an order-preserving integer key (so the
 // values between two elements are a range of keys).
 template <typename T>
@@ -240,38 +237,48 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
   bool any_visible = false, all_full = true, binary = true;
   // this warp's rows: groups of rows_step rows, every wpt-th group from its part
   const int group_step = rows_step * wpt;
-  // A boolean tile inside the mask whose chunks are 8-byte aligned runs of keys (a contiguous
-  // [B, 1, Sq, Sk] mask: transformers'), the fast path: one pointer step per load,
-  // kBoolFastInFlight loads in flight per lane, byte compares for the bits. (The general loop
-  // below, with its per-chunk strides, tails and scalar fallback, holds 78 registers with 4
-  // chunks in flight; with more it spilled.)
-  bool fast = false;
-  if constexpr (kKind == MaskKind::kBool) {
-    fast = active && a.sc == 1 && a.sr % kChunk == 0 && reinterpret_cast<uintptr_t>(base) % kChunk == 0 &&
-           q0 + a.tile_m <= a.seqlen_q && k0 + a.tile_n <= a.seqlen_k;
-  }
+  // A tile inside the mask whose chunks are aligned runs of keys (a contiguous [B, 1, Sq, Sk]
+  // mask: transformers'), the fast path: one pointer step per load, 128 bytes in flight per
+  // lane, byte compares for a boolean chunk's bits. (The general loop below, with its
+  // per-chunk strides, tails and scalar fallback, holds about 80 registers with 32 / 64 bytes
+  // in flight; with more it spilled.)
+  constexpr int kFastInFlight = (sizeof(T) == 1 ? 128 : 64) / int(kChunk * sizeof(T));
+  const bool fast = active && a.sc == 1 && a.sr % kChunk == 0 &&
+                    reinterpret_cast<uintptr_t>(base) % (kChunk * sizeof(T)) == 0 &&
+                    q0 + a.tile_m <= a.seqlen_q && k0 + a.tile_n <= a.seqlen_k;
   if (fast) {
     const int r_first = (lane >> cpr_shift) + part * rows_step;
-    const int64_t step = int64_t(group_step) * a.sr;
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(col_base) + int64_t(q0 + r_first) * a.sr;
-    for (int r0 = r_first; r0 < a.tile_m; r0 += group_step * kBoolFastInFlight, p += step * kBoolFastInFlight) {
-      uint2 loaded[kBoolFastInFlight];
+    const int64_t step = int64_t(group_step) * a.sr;  // elements
+    const T* p = col_base + int64_t(q0 + r_first) * a.sr;
+    for (int r0 = r_first; r0 < a.tile_m; r0 += group_step * kFastInFlight, p += step * kFastInFlight) {
+      Chunk<T> loaded[kFastInFlight];
 #pragma unroll
-      for (int u = 0; u < kBoolFastInFlight; ++u) {  // issue every load first
-        if (r0 + u * group_step < a.tile_m) loaded[u] = *reinterpret_cast<const uint2*>(p + u * step);
+      for (int u = 0; u < kFastInFlight; ++u) {  // issue every load first
+        if (r0 + u * group_step < a.tile_m) loaded[u] = load_chunk(p + u * step, true);
       }
 #pragma unroll
-      for (int u = 0; u < kBoolFastInFlight; ++u) {
+      for (int u = 0; u < kFastInFlight; ++u) {
         const int r = r0 + u * group_step;
         if (r >= a.tile_m) break;
-        uint32_t visible = nonzero_bits(loaded[u]);
-        if (a.is_causal) {  // (the key tail lies past the tile)
-          const int in_range = q0 + r + 1 - kc;
-          visible &= in_range >= kChunk ? 0xFFu : (in_range > 0 ? (1u << in_range) - 1u : 0u);
+        uint32_t visible = 0, zero = kKind == MaskKind::kBool ? 0xFFu : 0u, fill = 0;
+        if constexpr (kKind == MaskKind::kBool) {
+          visible = nonzero_bits(*reinterpret_cast<const uint2*>(loaded[u].e));
+        } else {
+#pragma unroll
+          for (int c = 0; c < kChunk; ++c) judge(loaded[u].e[c], c, visible, zero, fill);
         }
+        if (a.is_causal) {  // the causal cut (the key tail lies past the tile)
+          const int in_range = q0 + r + 1 - kc;
+          const uint32_t range = in_range >= kChunk ? 0xFFu : (in_range > 0 ? (1u << in_range) - 1u : 0u);
+          visible &= range;
+          fill &= range;
+        }
+        const int i = (r << cpr_shift) + col;
+        if constexpr (kFill) s_fill[slot][i] = static_cast<unsigned char>(fill);
         any_visible |= visible != 0;
-        all_full &= visible == 0xFFu;
-        s_bits[slot][(r << cpr_shift) + col] = static_cast<unsigned char>(visible);
+        all_full &= (visible & zero) == 0xFFu;
+        binary &= (visible & ~zero) == 0;
+        s_bits[slot][i] = static_cast<unsigned char>(visible);
       }
     }
   }
