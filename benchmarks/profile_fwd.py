@@ -1,5 +1,5 @@
 """Kernel-level breakdown of torch.ops.torch_sm90_sdpa.sdpa_forward calls (GPU machine): the
-device time of every kernel per call, for is_causal, for the causal mask as a bool [B, 1, S, S]
+device time of every kernel per call, for full attention (with --modes full), is_causal, for the causal mask as a bool [B, 1, S, S]
 tensor and as a bf16 bias of 0 / bf16's minimum (transformers' additive form), so that the
 mask path's cost shows kernel by kernel (classification, key ranges, fill rows, main kernel):
     python benchmarks/profile_fwd.py [--b 8 --h 16 --kv-heads 4 --s 2048 --d 128]
@@ -18,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_sm90_sdpa  # noqa: E402,F401  (registers the ops)
 from profile_bwd import kernel_ms  # noqa: E402
 
-MODES = ("causal", "bool", "bias")
+MODES = ("causal", "bool", "bias", "full")
+DEFAULT_MODES = ("causal", "bool", "bias")
 
 
 def parse_args(argv=None):
@@ -28,9 +29,10 @@ def parse_args(argv=None):
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--s", type=int, default=2048)
     ap.add_argument("--d", type=int, default=128)
-    ap.add_argument("--modes", default=",".join(MODES),
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
                     help="comma-separated: causal (is_causal), bool (a causal bool mask), bias "
-                         "(the causal mask as a bf16 0 / minimum bias)")
+                         "(the causal mask as a bf16 0 / minimum bias), full (no mask, not "
+                         "causal)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--once", action="store_true", help="one call per mode, no profiler (for ncu)")
     args = ap.parse_args(argv)
@@ -52,7 +54,8 @@ def main(argv=None):
     keep = keep[None, None].expand(b, 1, s, s).contiguous()  # [B, 1, S, S], as transformers builds it
     fwd = torch.ops.torch_sm90_sdpa.sdpa_forward
     gqa = h != hkv
-    calls = {"causal": lambda: fwd(q, k, v, True, scale, gqa)}
+    calls = {"causal": lambda: fwd(q, k, v, True, scale, gqa),
+             "full": lambda: fwd(q, k, v, False, scale, gqa)}
     if "bool" in args.modes:
         calls["bool"] = lambda: fwd(q, k, v, False, scale, gqa, keep)
     if "bias" in args.modes:

@@ -503,12 +503,14 @@ def test_host_overhead_profile_prints_ops_and_python_functions(capsys):
 
 
 def test_profile_fwd_takes_the_modes_asked_for():
-    """benchmarks/profile_fwd.py --modes: one or more of causal / bool / bias, in order; an
-    unknown mode is an argument error (ncu's cases name one mode each)."""
+    """benchmarks/profile_fwd.py --modes: one or more of causal / bool / bias / full, in order
+    (full only when asked for); an unknown mode is an argument error (ncu's cases name one mode
+    each)."""
     profile_fwd = _load("profile_fwd_under_test", "benchmarks/profile_fwd.py")
     args = profile_fwd.parse_args(["--modes", "bool", "--once", "--s", "8192"])
     assert args.modes == ["bool"] and args.once and args.s == 8192
     assert profile_fwd.parse_args([]).modes == ["causal", "bool", "bias"]
+    assert profile_fwd.parse_args(["--modes", "full,causal"]).modes == ["full", "causal"]
     with pytest.raises(SystemExit):
         profile_fwd.parse_args(["--modes", "causal,alibi"])
 

@@ -675,10 +675,18 @@ struct FwdKernel {
           warpgroup_fence_operand(tSrS);
           release_k();
           softmax(tSrS, b);
-          warpgroup_wait<0>();  // P V is complete: O and rP are free
-          warpgroup_fence_operand(tOrO);
+          // The wait for P V in each arm of the branch on `rescale` (the softmax's last result):
+          // ptxas moves a wgmma wait to the top of its basic block, and in the softmax's block
+          // it ran the whole softmax after P V instead of beside it.
+          if (rescale) {
+            warpgroup_wait<0>();  // P V is complete: O and rP are free
+            warpgroup_fence_operand(tOrO);
+            rescale_o();
+          } else {
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tOrO);
+          }
           release_v();
-          rescale_o();
           convert_fragment(tSrS, rP);
         }
         release_q();
