@@ -24,9 +24,16 @@
 namespace sm90_sdpa {
 namespace {
 
-struct ClassifyArgs {
+// The mask as the kernels here read it: its [B, Hq, Sq, Sk] view's element strides.
+struct MaskView {
   const void* mask;
-  int64_t sb, sh, sr, sc;  // element strides of the [B, Hq, Sq, Sk] view
+  int64_t sb, sh, sr, sc;
+};
+MaskView mask_view(const BwdParams& p) {
+  return {p.mask, p.mask_batch_stride, p.mask_head_stride, p.mask_row_stride, p.mask_col_stride};
+}
+
+struct ClassifyArgs : MaskView {
   int seqlen_q, seqlen_k, tile_m, tile_n, num_m_blocks, num_n_blocks, mask_heads;
   bool is_causal;
   unsigned char* tile_class;
@@ -417,9 +424,7 @@ __global__ void __launch_bounds__(kFillRowsWarps * 32)
 // and makes every tile of its m-block (of its mask instance) kTilePartialFillRows. (One warp
 // per row cost the masked backward 4-9% at d64 2k keys, H100: most of the grid's warps only
 // read one lse.)
-struct FillLseArgs {
-  const void* mask;
-  int64_t sb, sh, sr, sc;
+struct FillLseArgs : MaskView {
   const float* lse;  // [B, Hq, Sq], strided (BwdParams::lse)
   int64_t lse_sb, lse_sh, lse_sr;
   float* lse_log2;  // [B, Hq, lse_rows]
@@ -549,11 +554,7 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRow
                                 std::to_string(p.tile_n));
   }
   ClassifyArgs a{};
-  a.mask = p.mask;
-  a.sb = p.mask_batch_stride;
-  a.sh = p.mask_head_stride;
-  a.sr = p.mask_row_stride;
-  a.sc = p.mask_col_stride;
+  static_cast<MaskView&>(a) = mask_view(p);
   a.seqlen_q = p.seqlen_q;
   a.seqlen_k = p.seqlen_k;
   a.tile_m = p.tile_m;
@@ -619,11 +620,7 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRow
   if (backward_fill_rows && (p.mask_kind == MaskKind::kBFloat16 || p.mask_kind == MaskKind::kFloat32) &&
       p.lse != nullptr && p.lse_log2 != nullptr && int64_t(p.batch) * p.heads_q * p.seqlen_q > 0) {
     FillLseArgs f{};
-    f.mask = p.mask;
-    f.sb = p.mask_batch_stride;
-    f.sh = p.mask_head_stride;
-    f.sr = p.mask_row_stride;
-    f.sc = p.mask_col_stride;
+    static_cast<MaskView&>(f) = mask_view(p);
     f.lse = p.lse;
     f.lse_sb = p.lse_batch_stride;
     f.lse_sh = p.lse_head_stride;
