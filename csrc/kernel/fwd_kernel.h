@@ -615,9 +615,17 @@ struct FwdKernel {
         for (int c = 0; c < size<1>(O); ++c) { O(r, c) *= correction[r]; }
       }
     };
+    // The stage a wgmma reads. kMasked: the walk's steps depend on loaded classes and ranges, so
+    // ptxas keeps the pipeline state in per-thread registers and built every wgmma descriptor
+    // there (an R2UR per descriptor word); the stage through REDUX is a uniform register, from
+    // which the descriptors are uniform adds.
+    auto stage_of = [](PipelineState const& st) __attribute__((always_inline)) {
+      if constexpr (kMasked) { return int(__reduce_or_sync(0xffffffffu, unsigned(st.index()))); }
+      return int(st.index());
+    };
     auto gemm_s = [&](auto& tSrS, auto wait) __attribute__((always_inline)) {
       pipeline_k.consumer_wait(read_k);
-      wg_gemm<true, decltype(wait)::value>(tiled_mma_s, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+      wg_gemm<true, decltype(wait)::value>(tiled_mma_s, tSrQ, tSrK(_, _, _, stage_of(read_k)), tSrS);
     };
     auto release_k = [&]() __attribute__((always_inline)) {
       pipeline_k.consumer_release(read_k);
@@ -626,7 +634,7 @@ struct FwdKernel {
     auto gemm_pv = [&](auto& rP, auto wait) __attribute__((always_inline)) {
       Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A_operand(rP.layout()));
       pipeline_v.consumer_wait(read_v);
-      wg_gemm<false, decltype(wait)::value>(tiled_mma_o, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      wg_gemm<false, decltype(wait)::value>(tiled_mma_o, tOrP, tOrV(_, _, _, stage_of(read_v)), tOrO);
     };
     auto release_v = [&]() __attribute__((always_inline)) {
       pipeline_v.consumer_release(read_v);
