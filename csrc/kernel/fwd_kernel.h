@@ -274,22 +274,6 @@ struct FwdKernel {
     }
     return {n, kTileFull};
   }
-  // The MMA warps read the class of the block below b one step ahead: peek_class at the start
-  // of b's step (no wait: the value is first used at the step's end), then after() takes it,
-  // where next_block's read at the loop's head kept the tensor cores waiting for it.
-  CUTE_DEVICE static unsigned char peek_class(unsigned char const* classes, Block b, int n_lo) {
-    if constexpr (kMasked) { return b.n - 1 >= n_lo ? block_class(classes, b.n - 1) : kTileEmpty; }
-    return kTileFull;
-  }
-  CUTE_DEVICE static Block after(unsigned char const* classes, Block b, unsigned char peek, int n_lo) {
-    if constexpr (kMasked) {
-      if (peek != kTileEmpty) { return {b.n - 1, peek}; }
-      // the end of the range, or an empty tile inside it: on below that tile
-      return b.n - 1 < n_lo ? Block{-1, kTileEmpty}
-                            : next_block(classes, (b.n - 1) / kBlocksPerTile * kBlocksPerTile - 1, n_lo);
-    }
-    return {b.n - 1, kTileFull};
-  }
 
   // ---- the tiles: (m_block, q head, batch), num_tiles of them ----
   struct Tile {
@@ -361,21 +345,6 @@ struct FwdKernel {
       return {r.x * kBlocksPerTile, cute::min(end, r.y * kBlocksPerTile)};
     }
     return {0, end};
-  }
-
-  // kMasked: tile t's key range and class row into L1 (t >= num_tiles: none), by the MMA warps
-  // while the tile before it runs, so that their first reads of tile t (key_blocks, then
-  // next_block) hit L1 instead of waiting on L2 twice in a row before its first S.
-  CUTE_DEVICE static void prefetch_tile(Params const& params, int t) {
-    if constexpr (kMasked) {
-      if (t >= num_tiles(params)) { return; }
-      Tile const tile = tile_at(params, t);
-      int64_t const at = mask_instance(params, tile.bidh, tile.bidb) * params.num_m_tiles + tile.m_block;
-      unsigned char const* row = params.block_classes + at * params.num_n_tiles;
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(params.key_range + at));
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(row));
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(row + params.num_n_tiles - 1));
-    }
   }
 
   // The producer's share of one tile, the CTA's iter-th (its K / V stages continue the last
@@ -644,8 +613,7 @@ struct FwdKernel {
     if constexpr (!kOverlap) {
       // each block in turn: S, softmax, P V
       CUTLASS_PRAGMA_NO_UNROLL
-      for (Block b = next_block(classes, n_end - 1, n_lo); b.n >= 0;) {
-        unsigned char const peek = peek_class(classes, b, n_lo);
+      for (Block b = next_block(classes, n_end - 1, n_lo); b.n >= 0; b = next_block(classes, b.n - 1, n_lo)) {
         Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
         gemm_s(tSrS, cute::Int<0>{});
         release_k();
@@ -655,7 +623,6 @@ struct FwdKernel {
         convert_fragment(tSrS, rP);
         gemm_pv(rP, cute::Int<0>{});
         release_v();
-        b = after(classes, b, peek, n_lo);
       }
       release_q();
     } else {
@@ -667,15 +634,13 @@ struct FwdKernel {
       if (!kMasked || first.n >= 0) {
         Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
         Tensor rP = make_tensor_like<Element>(tSrS);
-        unsigned char peek = peek_class(classes, first, n_lo);
         load_bits(first);
         gemm_s(tSrS, cute::Int<0>{});
         release_k();
         softmax(tSrS, first);  // (O is zero: nothing to rescale)
         convert_fragment(tSrS, rP);
         CUTLASS_PRAGMA_NO_UNROLL
-        for (Block b = after(classes, first, peek, n_lo); b.n >= 0; b = after(classes, b, peek, n_lo)) {
-          peek = peek_class(classes, b, n_lo);
+        for (Block b = next_block(classes, first.n - 1, n_lo); b.n >= 0; b = next_block(classes, b.n - 1, n_lo)) {
           load_bits(b);
           gemm_s(tSrS, cute::Int<-1>{});
           gemm_pv(rP, cute::Int<-1>{});
@@ -780,7 +745,6 @@ struct FwdKernel {
       for (int k = 0, t = cta_tile(0); t < tiles; t = cta_tile(++k)) {
         Tile const tile = tile_at(params, t);
         if (!runs_tile(params, tile)) { continue; }
-        if (thread_idx == 0) { prefetch_tile(params, cta_tile(k + 1)); }
         mma(params, ss, pipeline_k, pipeline_v, read_k, read_v, iter++, thread_idx, tile.m_block, tile.bidh,
             tile.bidb, key_blocks(params, tile));
       }
