@@ -242,6 +242,16 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
     }
   };
   bool any_visible = false, all_full = true, binary = true;
+  // the bits of a chunk's first n keys (n <= 0: none)
+  auto first_keys = [](int n) { return n >= kChunk ? 0xFFu : (n > 0 ? (1u << n) - 1u : 0u); };
+  // chunk i's bits, already cut to the keys in range: its byte, its fill byte and the votes
+  auto record = [&](int i, uint32_t visible, uint32_t zero, uint32_t fill) {
+    if constexpr (kFill) s_fill[slot][i] = static_cast<unsigned char>(fill);
+    any_visible |= visible != 0;
+    all_full &= (visible & zero) == 0xFFu;
+    binary &= (visible & ~zero) == 0;  // hidden, or visible with nothing added
+    s_bits[slot][i] = static_cast<unsigned char>(visible);
+  };
   // this warp's rows: groups of rows_step rows, every wpt-th group from its part
   const int group_step = rows_step * wpt;
   // A tile inside the mask whose chunks are aligned runs of keys (a contiguous [B, 1, Sq, Sk]
@@ -274,18 +284,9 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
 #pragma unroll
           for (int c = 0; c < kChunk; ++c) judge(loaded[u].e[c], c, visible, zero, fill);
         }
-        if (a.is_causal) {  // the causal cut (the key tail lies past the tile)
-          const int in_range = q0 + r + 1 - kc;
-          const uint32_t range = in_range >= kChunk ? 0xFFu : (in_range > 0 ? (1u << in_range) - 1u : 0u);
-          visible &= range;
-          fill &= range;
-        }
-        const int i = (r << cpr_shift) + col;
-        if constexpr (kFill) s_fill[slot][i] = static_cast<unsigned char>(fill);
-        any_visible |= visible != 0;
-        all_full &= (visible & zero) == 0xFFu;
-        binary &= (visible & ~zero) == 0;
-        s_bits[slot][i] = static_cast<unsigned char>(visible);
+        // the causal cut (the key tail lies past the tile)
+        const uint32_t range = a.is_causal ? first_keys(q0 + r + 1 - kc) : 0xFFu;
+        record((r << cpr_shift) + col, visible & range, zero, fill & range);
       }
     }
   }
@@ -315,7 +316,7 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
       // the chunk's keys inside the key tail and the causal cut: the first `in_range`
       int in_range = a.seqlen_k - kc;
       if (a.is_causal) in_range = min(in_range, q + 1 - kc);
-      const uint32_t range = in_range >= kChunk ? 0xFFu : (in_range > 0 ? (1u << in_range) - 1u : 0u);
+      const uint32_t range = first_keys(in_range);
       uint32_t visible = 0, zero = kKind == MaskKind::kBool ? 0xFFu : 0u, fill = 0;  // one bit per key
       if ((vec >> u) & 1u) {
 #pragma unroll
@@ -327,12 +328,7 @@ __global__ void __launch_bounds__(kClassifyWarps * 32, 3) mask_classify_kernel(c
           if ((range >> c) & 1u) judge(src[int64_t(c) * a.sc], c, visible, zero, fill);  // (keys < Sk only)
         }
       }
-      visible &= range;
-      if constexpr (kFill) s_fill[slot][i] = static_cast<unsigned char>(fill & range);
-      any_visible |= visible != 0;
-      all_full &= (visible & zero) == 0xFFu;
-      binary &= (visible & ~zero) == 0;  // hidden, or visible with nothing added
-      s_bits[slot][i] = static_cast<unsigned char>(visible);
+      record(i, visible & range, zero, fill & range);
     }
   }
   const int chunks = a.tile_m << cpr_shift;
