@@ -33,10 +33,29 @@ MaskView mask_view(const BwdParams& p) {
   return {p.mask, p.mask_batch_stride, p.mask_head_stride, p.mask_row_stride, p.mask_col_stride};
 }
 
-struct ClassifyArgs : MaskView {
+// The problem's grid of tile_m x tile_n tiles over the mask, as both mask kernels' arguments
+// read it.
+struct TileGrid : MaskView {
   int seqlen_q, seqlen_k, tile_m, tile_n, num_m_blocks, num_n_blocks, mask_heads;
   bool is_causal;
-  unsigned char* tile_class;
+  unsigned char* tile_class;  // [mask_batch, mask_heads, num_n_blocks, num_m_blocks]
+};
+TileGrid tile_grid(const BwdParams& p) {
+  TileGrid g{};
+  static_cast<MaskView&>(g) = mask_view(p);
+  g.seqlen_q = p.seqlen_q;
+  g.seqlen_k = p.seqlen_k;
+  g.tile_m = p.tile_m;
+  g.tile_n = p.tile_n;
+  g.num_m_blocks = p.num_m_blocks;
+  g.num_n_blocks = p.num_n_blocks;
+  g.mask_heads = p.mask_heads;
+  g.is_causal = p.is_causal;
+  g.tile_class = p.tile_class;
+  return g;
+}
+
+struct ClassifyArgs : TileGrid {
   uint32_t* tile_bits;  // tile_m * tile_n / 32 words per tile, in tile_class order
   // additive masks: the bounds CTAs' shares of the score bounds (null: no bounds), folded per
   // tile; the tiles of n-block 0 / m-block 0 write the folded values into q_norm_max and
@@ -420,14 +439,12 @@ __global__ void __launch_bounds__(kFillRowsWarps * 32)
 // and makes every tile of its m-block (of its mask instance) kTilePartialFillRows. (One warp
 // per row cost the masked backward 4-9% at d64 2k keys, H100: most of the grid's warps only
 // read one lse.)
-struct FillLseArgs : MaskView {
+struct FillLseArgs : TileGrid {
   const float* lse;  // [B, Hq, Sq], strided (BwdParams::lse)
   int64_t lse_sb, lse_sh, lse_sr;
   float* lse_log2;  // [B, Hq, lse_rows]
   int64_t lse_rows;
-  unsigned char* tile_class;  // [mask_batch, mask_heads, num_n_blocks, num_m_blocks]
-  int batch, heads_q, seqlen_q, seqlen_k, mask_batch, mask_heads, num_m_blocks, num_n_blocks, tile_m;
-  bool is_causal;
+  int batch, heads_q, mask_batch;
 };
 
 constexpr int kFillLseThreads = 256;
@@ -550,16 +567,7 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRow
                                 std::to_string(p.tile_n));
   }
   ClassifyArgs a{};
-  static_cast<MaskView&>(a) = mask_view(p);
-  a.seqlen_q = p.seqlen_q;
-  a.seqlen_k = p.seqlen_k;
-  a.tile_m = p.tile_m;
-  a.tile_n = p.tile_n;
-  a.num_m_blocks = p.num_m_blocks;
-  a.num_n_blocks = p.num_n_blocks;
-  a.mask_heads = p.mask_heads;
-  a.is_causal = p.is_causal;
-  a.tile_class = p.tile_class;
+  static_cast<TileGrid&>(a) = tile_grid(p);
   a.tile_bits = p.tile_bits;
   // additive masks: the shares the preprocess launch's bounds CTAs wrote (mask_bounds.h)
   mask_bounds::BoundsArgs ba;
@@ -616,24 +624,16 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRow
   if (backward_fill_rows && (p.mask_kind == MaskKind::kBFloat16 || p.mask_kind == MaskKind::kFloat32) &&
       p.lse != nullptr && p.lse_log2 != nullptr && int64_t(p.batch) * p.heads_q * p.seqlen_q > 0) {
     FillLseArgs f{};
-    static_cast<MaskView&>(f) = mask_view(p);
+    static_cast<TileGrid&>(f) = tile_grid(p);
     f.lse = p.lse;
     f.lse_sb = p.lse_batch_stride;
     f.lse_sh = p.lse_head_stride;
     f.lse_sr = p.lse_row_stride;
     f.lse_log2 = p.lse_log2;
     f.lse_rows = p.seqlen_q_rounded;
-    f.tile_class = p.tile_class;
     f.batch = p.batch;
     f.heads_q = p.heads_q;
-    f.seqlen_q = p.seqlen_q;
-    f.seqlen_k = p.seqlen_k;
     f.mask_batch = p.mask_batch;
-    f.mask_heads = p.mask_heads;
-    f.num_m_blocks = p.num_m_blocks;
-    f.num_n_blocks = p.num_n_blocks;
-    f.tile_m = p.tile_m;
-    f.is_causal = p.is_causal;
     if (p.mask_kind == MaskKind::kBFloat16) {
       launch_fill_rows_from_lse<MaskKind::kBFloat16>(f, stream);
     } else {
