@@ -30,8 +30,8 @@ is that of a mask that hides nothing: measured (the full row's `cudnn_mask_dense
 row (cuDNN's causal-mask time over our full forward's time plus what the causal mask cost ours:
 its masked time less its is_causal time). These columns time the kernel that runs each block in
 turn (TORCH_SM90_SDPA_FWD_OVERLAP=0; bench_fwd has no dense-mask column of the default,
-overlapping one): the bound holds for the default, which ran the causal-shaped mask 2-14%
-faster than the in-turn kernel at every head dim (H100, 54c12be). The speedup on the causal mask
+overlapping one): the bound holds for the default, which ran the causal-shaped mask 10-26%
+faster than the in-turn kernel at every head dim (H100, 308254a). The speedup on the causal mask
 itself is kept as `causal_mask_speedup` (informational), of the default kernel
 (`ours_mask_overlap`) where the file has it; a row takes the lower of the two.
 """

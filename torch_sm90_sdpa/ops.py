@@ -409,8 +409,8 @@ def _sdpa_body(
     """The forward of ``sdpa`` (its CPU and CUDA kernel); EagerSdpa calls it directly."""
     _check_sdpa_inputs(q, k, v, scale, enable_gqa, attn_mask)
     scale = _validation.resolve_scale(scale, q)
-    # Our forward for a boolean mask: 1.97-6.49x cuDNN's masked forward for a causal-shaped one
-    # (benchmarks/bench_fwd.py, H100, 54c12be, 28efd86 and 50eaee6), and for an additive mask whose fill it hides
+    # Our forward for a boolean mask: 2.11-7.09x cuDNN's masked forward for a causal-shaped one
+    # (benchmarks/bench_fwd.py, H100, 308254a), and for an additive mask whose fill it hides
     # (bf16 / fp32, broadcast over heads: transformers' additive form). fp16 and per-head biases
     # keep the stock forward (eligibility.additive_mask_slower_forward).
     if attn_mask is not None and q.device.type == "cuda":

@@ -163,7 +163,7 @@ def enable(cpu: bool = False, only_faster: bool = True,
     forward node on stock and routes backward nodes only. ``forward=None`` (the default) is
     ``only_faster``: forward nodes are routed where the forward's speed gate passes, and
     ``only_faster=False`` alone does not put every forward on our kernel (unmasked, ours runs
-    0.77-1.13x of cuDNN's forward, below it on 16 of 20 measured rows).
+    0.76-1.16x of cuDNN's forward, below it on 13 of 20 measured rows).
     Idempotent; passes the user set as ``post_grad_custom_post_pass`` /
     ``joint_custom_pre_pass`` before keep running after ours. Call it before the first
     ``torch.compile``: a warning is logged when Dynamo already compiled code in this process,

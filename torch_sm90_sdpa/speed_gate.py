@@ -333,8 +333,8 @@ def gate_fingerprint(model: Optional[str]) -> tuple:
 # bias and cuDNN applies it densely), each row for a mask that hides nothing (measured with an
 # all-True mask, or bounded from the full and causal rows where a file predates that column),
 # since the gate cannot see how much a mask hides. The other
-# forwards stay on stock: unmasked, ours measured 0.77-1.13x of cuDNN (H100, 54c12be,
-# BENCHMARKS.md "Forward": faster on 4 of 20 rows, all at 8k keys, by 1-13%); so do
+# forwards stay on stock: unmasked, ours measured 0.76-1.16x of cuDNN (H100, 308254a,
+# BENCHMARKS.md "Forward": faster on 7 of 20 rows, all at 8k keys, by 1-16%); so do
 # additive masks whose tiles ours reads from the elements (fp16, per head:
 # eligibility.additive_mask_slower_forward; 0.31-0.48x
 # of cuDNN's masked forward at d64 / d96 / d128, 0.86-1.13x at d192 / d256). A bf16 / fp32
@@ -362,8 +362,8 @@ def forward_faster_than_stock(call: AttentionForwardCall) -> Decision:
         return _no(R_SLOWER_FORWARD, f"the {call.backend} forward: ours was measured against "
                                      "cuDNN's only; enable(only_faster=False) routes it anyway")
     if call.mask is None:
-        return _no(R_SLOWER_FORWARD, "unmasked: cuDNN's forward measured faster on 16 of 20 rows "
-                                     "(ours 0.77-1.13x of it on an H100); "
+        return _no(R_SLOWER_FORWARD, "unmasked: cuDNN's forward measured faster on 13 of 20 rows "
+                                     "(ours 0.76-1.16x of it on an H100); "
                                      "enable(only_faster=False) routes it anyway")
     slower = None if call.mask.dtype == torch.bool else additive_mask_slower_forward(call.mask)
     if slower is not None:
