@@ -375,12 +375,14 @@ struct FwdKernel {
     Tensor tVsV = tma_v.partition_D(sV);
 
     using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
+    // (the first block's class read before the wait: its latency off the path to the first load)
+    unsigned char const* classes = kMasked ? class_row(params, m_block, bidh, bidb) : nullptr;
+    int const first = next_block(classes, n_end - 1, n_lo).n;
     if (iter > 0) { ss.barrier_q_empty.wait((iter - 1) & 1); }  // the last tile's S are done
     ss.barrier_q.arrive_and_expect_tx(kTmaBytesQ);
     copy(params.tma_q.with(reinterpret_cast<BarrierT&>(ss.barrier_q), 0), tQgQ, tQsQ);
-    unsigned char const* classes = kMasked ? class_row(params, m_block, bidh, bidb) : nullptr;
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int n = next_block(classes, n_end - 1, n_lo).n; n >= 0; n = next_block(classes, n - 1, n_lo).n) {
+    for (int n = first; n >= 0; n = next_block(classes, n - 1, n_lo).n) {
       pipeline_k.producer_acquire(write_k);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write_k), 0), tKgK(_, _, _, n),
            tKsK(_, _, _, write_k.index()));
@@ -431,6 +433,8 @@ struct FwdKernel {
     float const scale_log2 = params.scale_log2;
     int64_t const tile0 = kMasked ? first_tile_index(params, m_block, bidh, bidb) : 0;
     unsigned char const* classes = kMasked ? class_row(params, m_block, bidh, bidb) : nullptr;
+    // (read before the wait for Q: its latency off the path to the first S)
+    Block const first = next_block(classes, n_end - 1, n_lo);
     ss.barrier_q.wait(iter & 1);
     // every S = Q K^T of the tile is complete: the producer may load the next tile's Q
     auto release_q = [&]() __attribute__((always_inline)) { ss.barrier_q_empty.arrive(); };
@@ -613,7 +617,7 @@ struct FwdKernel {
     if constexpr (!kOverlap) {
       // each block in turn: S, softmax, P V
       CUTLASS_PRAGMA_NO_UNROLL
-      for (Block b = next_block(classes, n_end - 1, n_lo); b.n >= 0; b = next_block(classes, b.n - 1, n_lo)) {
+      for (Block b = first; b.n >= 0; b = next_block(classes, b.n - 1, n_lo)) {
         Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
         gemm_s(tSrS, cute::Int<0>{});
         release_k();
@@ -629,7 +633,6 @@ struct FwdKernel {
       // Within the warpgroup, block n's softmax runs while the tensor cores add the previous
       // block's P V: S_n and P_{n+1} V_{n+1} are issued back to back, the wait for S_n leaves
       // P V in flight, and O is rescaled only after it completes.
-      Block const first = next_block(classes, n_end - 1, n_lo);
       // (kMasked: a query block without a non-empty tile has nothing to compute)
       if (!kMasked || first.n >= 0) {
         Tensor tSrS = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
