@@ -589,9 +589,10 @@ struct FwdKernel {
       }
     };
     // The stage a wgmma reads. kMasked: the walk's steps depend on loaded classes and ranges, so
-    // ptxas keeps the pipeline state in per-thread registers and built every wgmma descriptor
-    // there (an R2UR per descriptor word); the stage through REDUX is a uniform register, from
-    // which the descriptors are uniform adds.
+    // ptxas kept the pipeline state in per-thread registers and built every wgmma descriptor
+    // there (an R2UR per descriptor word, 48 per key block at d128); the stage through REDUX is a
+    // uniform register, from which the descriptors are uniform adds (18). The loop is shorter;
+    // its time measured level (docs/FORWARD.md).
     auto stage_of = [](PipelineState const& st) __attribute__((always_inline)) {
       if constexpr (kMasked) { return int(__reduce_or_sync(0xffffffffu, unsigned(st.index()))); }
       return int(st.index());
