@@ -24,25 +24,22 @@
 namespace sm90_sdpa {
 namespace {
 
-// The mask as the kernels here read it: its [B, Hq, Sq, Sk] view's element strides.
-struct MaskView {
+// The mask and the problem's grid of tile_m x tile_n tiles over it, as both mask kernels'
+// arguments read them.
+struct TileGrid {
   const void* mask;
-  int64_t sb, sh, sr, sc;
-};
-MaskView mask_view(const BwdParams& p) {
-  return {p.mask, p.mask_batch_stride, p.mask_head_stride, p.mask_row_stride, p.mask_col_stride};
-}
-
-// The problem's grid of tile_m x tile_n tiles over the mask, as both mask kernels' arguments
-// read it.
-struct TileGrid : MaskView {
+  int64_t sb, sh, sr, sc;  // element strides of the mask's [B, Hq, Sq, Sk] view
   int seqlen_q, seqlen_k, tile_m, tile_n, num_m_blocks, num_n_blocks, mask_heads;
   bool is_causal;
   unsigned char* tile_class;  // [mask_batch, mask_heads, num_n_blocks, num_m_blocks]
 };
 TileGrid tile_grid(const BwdParams& p) {
   TileGrid g{};
-  static_cast<MaskView&>(g) = mask_view(p);
+  g.mask = p.mask;
+  g.sb = p.mask_batch_stride;
+  g.sh = p.mask_head_stride;
+  g.sr = p.mask_row_stride;
+  g.sc = p.mask_col_stride;
   g.seqlen_q = p.seqlen_q;
   g.seqlen_k = p.seqlen_k;
   g.tile_m = p.tile_m;
