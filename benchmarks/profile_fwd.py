@@ -1,7 +1,8 @@
 """Kernel-level breakdown of torch.ops.torch_sm90_sdpa.sdpa_forward calls (GPU machine): the
-device time of every kernel per call, for full attention (with --modes full), is_causal, for the causal mask as a bool [B, 1, S, S]
-tensor and as a bf16 bias of 0 / bf16's minimum (transformers' additive form), so that the
-mask path's cost shows kernel by kernel (classification, key ranges, fill rows, main kernel):
+device time of every kernel per call, for full attention (with --modes full), is_causal, for
+the causal mask as a bool [B, 1, S, S] tensor and as a bf16 bias of 0 / bf16's minimum
+(transformers' additive form), so that the mask path's cost shows kernel by kernel
+(classification, key ranges, fill rows, main kernel):
     python benchmarks/profile_fwd.py [--b 8 --h 16 --kv-heads 4 --s 2048 --d 128]
                                      [--modes causal,bool,bias] [--reps 10]
 --once calls each mode of --modes once, unprofiled (for Nsight Compute: tools/gpu.sh ncu with
