@@ -30,6 +30,7 @@ struct FwdMaskTiles {
   int2 const* key_range = nullptr;
   unsigned char const* block_classes = nullptr;  // tile_class query-block major
   unsigned char const* block_elements = nullptr;  // null: a boolean mask (no element tiles)
+  int const* element_count = nullptr;             // (with block_elements) how many are 1
 };
 
 // The classification of p's mask on the forward's kFwdTile x kFwdTile tiles, into
@@ -69,14 +70,15 @@ inline FwdMaskTiles classify_fwd_mask(const FwdParams& p, cudaStream_t stream) {
   c.tile_bits = reinterpret_cast<uint32_t*>(base + w.tile_bits);
   const bool float_mask = p.mask_kind != MaskKind::kBool;
   FwdFillRows fill{reinterpret_cast<uint32_t*>(base + w.row_flags),
-                   reinterpret_cast<unsigned char*>(base + w.block_elements)};
+                   reinterpret_cast<unsigned char*>(base + w.block_elements),
+                   reinterpret_cast<int*>(base + w.element_count)};
   run_mask_classify(c, stream, float_mask ? &fill : nullptr);
   int2* key_range = reinterpret_cast<int2*>(base + w.key_range);
   unsigned char* block_classes = reinterpret_cast<unsigned char*>(base + w.block_classes);
   run_fwd_key_ranges(c.tile_class, key_range, block_classes, int64_t(p.mask_batch) * p.mask_heads, c.num_m_blocks,
                      c.num_n_blocks, stream);
   return FwdMaskTiles{c.tile_class, c.tile_bits, key_range, block_classes,
-                      float_mask ? fill.block_elements : nullptr};
+                      float_mask ? fill.block_elements : nullptr, float_mask ? fill.element_count : nullptr};
 }
 
 // One launch of FwdKernel<..., kOverlap, kMasked>. tiles (kMasked): the classification's output;
@@ -103,7 +105,7 @@ void launch_fwd_main(const FwdParams& params, const FwdMaskTiles& tiles, cudaStr
   bool const longest_first = persistent && (p.is_causal || kMasked);
   typename Kernel::Params kparams =
       Kernel::to_params(p, longest_first, tiles.tile_class, tiles.tile_bits, tiles.key_range,
-                        tiles.block_classes, tiles.block_elements);
+                        tiles.block_classes, tiles.block_elements, tiles.element_count);
 
   auto kernel_fn = kernel::fwd_main_kernel<Kernel>;
   int const smem_size = Kernel::kSharedStorageSize;
@@ -126,6 +128,7 @@ void run_fwd_main(const FwdParams& params, cudaStream_t stream) {
   FwdMaskTiles tiles = classify_fwd_mask(params, stream);
   if (!params.overlap) {  // the in-turn kernel runs every query block
     tiles.block_elements = nullptr;
+    tiles.element_count = nullptr;
     launch_fwd_main<kDType, kHeadDim, false, true>(params, tiles, stream);
     return;
   }

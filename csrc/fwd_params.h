@@ -83,10 +83,11 @@ constexpr int kFwdTile = 128;
 //                   kernel's reads, run_fwd_key_ranges)
 //   block_elements  [inst, m_blocks] bytes: 1 where a query block has a tile that needs the
 //                   mask's elements (kTilePartial)
+//   element_count   one int: how many of block_elements are 1 (16 bytes, zeroed with row_flags)
 //   row_flags       [inst, Sq] words: bit 0 the row sees a key, bit 1 it has a fill entry
 //   tile_bits       kFwdTile * kFwdTile / 8 bytes per tile, in tile_class order
 struct FwdMaskWorkspace {
-  int64_t tile_class, key_range, block_classes, block_elements, row_flags, tile_bits, bytes;
+  int64_t tile_class, key_range, block_classes, block_elements, element_count, row_flags, tile_bits, bytes;
 };
 inline FwdMaskWorkspace fwd_mask_workspace_layout(int mask_batch, int mask_heads, int seqlen_q, int seqlen_k) {
   auto round16 = [](int64_t x) { return (x + 15) / 16 * 16; };
@@ -98,7 +99,8 @@ inline FwdMaskWorkspace fwd_mask_workspace_layout(int mask_batch, int mask_heads
   w.key_range = w.tile_class + round16(tiles);
   w.block_classes = w.key_range + round16(8 * inst * m_blocks);
   w.block_elements = w.block_classes + round16(tiles);
-  w.row_flags = w.block_elements + round16(inst * m_blocks);
+  w.element_count = w.block_elements + round16(inst * m_blocks);
+  w.row_flags = w.element_count + 16;
   w.tile_bits = w.row_flags + round16(4 * inst * int64_t(seqlen_q));
   w.bytes = w.tile_bits + tiles * (kFwdTile * kFwdTile / 8);
   return w;

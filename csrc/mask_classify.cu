@@ -404,7 +404,7 @@ constexpr int kFillRowsWarps = 4;
 
 __global__ void __launch_bounds__(kFillRowsWarps * 32)
     fill_rows_kernel(unsigned char* tile_class, const uint32_t* row_flags, unsigned char* block_elements,
-                     int64_t blocks, int num_m_blocks, int num_n_blocks, int tile_m, int seqlen_q) {
+                     int* element_count, int64_t blocks, int num_m_blocks, int num_n_blocks, int tile_m, int seqlen_q) {
   const int64_t block = int64_t(blockIdx.x) * kFillRowsWarps + threadIdx.x / 32;  // inst * m_blocks + m
   const int lane = threadIdx.x % 32;
   if (block >= blocks) return;
@@ -424,7 +424,10 @@ __global__ void __launch_bounds__(kFillRowsWarps * 32)
     elements |= c == kTilePartial;
   }
   elements = __any_sync(0xffffffffu, elements);
-  if (lane == 0) block_elements[block] = elements;
+  if (lane == 0) {
+    block_elements[block] = elements;
+    if (elements) atomicAdd(element_count, 1);
+  }
 }
 
 // The backward's fill rows (run_mask_classify's backward_fill_rows): one thread per (batch,
@@ -580,9 +583,8 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRow
   const bool fill_rows = fill != nullptr && p.mask_kind != MaskKind::kBool;
   if (fill_rows) {
     a.row_flags = fill->row_flags;
-    if (instances * p.seqlen_q > 0) {
-      cudaMemsetAsync(fill->row_flags, 0, size_t(instances * p.seqlen_q) * sizeof(uint32_t), stream);
-    }
+    // (element_count: the 16 bytes before row_flags, zeroed by the same memset)
+    cudaMemsetAsync(fill->element_count, 0, 16 + size_t(instances * p.seqlen_q) * sizeof(uint32_t), stream);
   }
   const int64_t tiles = int64_t(p.num_m_blocks) * p.num_n_blocks;
   // warps per tile: enough warps for about 24 per multiprocessor (3 CTAs of 8)
@@ -614,8 +616,8 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRow
   if (fill_rows) {
     const int64_t blocks = instances * p.num_m_blocks;
     fill_rows_kernel<<<unsigned((blocks + kFillRowsWarps - 1) / kFillRowsWarps), kFillRowsWarps * 32, 0, stream>>>(
-        p.tile_class, fill->row_flags, fill->block_elements, blocks, p.num_m_blocks, p.num_n_blocks, p.tile_m,
-        p.seqlen_q);
+        p.tile_class, fill->row_flags, fill->block_elements, fill->element_count, blocks, p.num_m_blocks,
+        p.num_n_blocks, p.tile_m, p.seqlen_q);
   }
   // (fp16's minimum, -65504, is no clamped fill: such rows keep a finite lse_log2)
   if (backward_fill_rows && (p.mask_kind == MaskKind::kBFloat16 || p.mask_kind == MaskKind::kFloat32) &&

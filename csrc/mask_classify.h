@@ -48,6 +48,9 @@ namespace sm90_sdpa {
 struct FwdFillRows {
   uint32_t* row_flags;            // [mask instances, seqlen_q] words, zeroed here
   unsigned char* block_elements;  // [mask instances, num_m_blocks]
+  // how many of block_elements are 1: the 16 bytes just before row_flags, zeroed with them (the
+  // forward's kernel pair returns at once where the other has every block)
+  int* element_count;
 };
 //
 // backward_fill_rows (the backward's, bf16 / fp32 masks; needs lse and lse_log2, which the
