@@ -1,5 +1,6 @@
-"""The build: build_info(), the instantiation generator, and the torch-free _C bindings
-(everything here runs on CPU; the kernels themselves are tested in test_cuda_prepost.py)."""
+"""The build: build_info(), the instantiation generator, the torch-free _C bindings, and the
+GPU machine's driver's packing of its logs (everything here runs on CPU; the kernels
+themselves are tested in test_cuda_prepost.py)."""
 import math
 import os
 import shutil
@@ -275,6 +276,31 @@ def test_setup_py_import_writes_nothing(tmp_path):
     after = {d: {f: os.path.getmtime(os.path.join(d, f)) for f in os.listdir(d)}
              for d in watched if os.path.isdir(d)}
     assert before == after
+
+
+# ---- the GPU machine's driver (tools/gpu.sh) -----------------------------------------------
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None,
+                    reason="needs bash and tar")
+@pytest.mark.parametrize("pack", [False, True])
+def test_gpu_driver_packs_its_logs_on_request(tmp_path, pack):
+    """tools/gpu.sh with PACK=1 leaves OUTDIR.tar.gz beside OUTDIR (also when a step fails,
+    with the script's exit status kept); without it, no archive. An unknown command fails at
+    once, before any build or GPU work."""
+    import tarfile
+
+    out = tmp_path / "logs"
+    env = dict(os.environ, GIT_COMMIT="test", PACK="1" if pack else "0")
+    res = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu.sh"), "nosuch", str(out)],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "unknown command 'nosuch'" in (out / "summary.txt").read_text()
+    archive = tmp_path / "logs.tar.gz"
+    assert archive.exists() == pack
+    if pack:
+        with tarfile.open(archive) as tar:
+            summary = tar.extractfile("logs/summary.txt").read().decode()
+        assert "result: FAIL" in summary
 
 
 # ---- the torch-free bindings (no GPU needed) ------------------------------------------------

@@ -58,6 +58,8 @@
 #               hash matches these C++ sources and the build selection (TORCH_SM90_SDPA_HEAD_DIMS,
 #               _DTYPES, _NVCC_FLAGS). A build left on a warm machine is reused alike;
 #               FORCE_BUILD=1 builds anyway.
+#   PACK=1      also OUTDIR.tar.gz beside OUTDIR when the script exits: every log and result
+#               in one file (prebuilt/ left out), for machines that copy few files back
 # Logs go to OUTDIR (build.log, tests.log, junit.xml, bench_*.txt, sanitize_*.txt, ncu_*); the
 # last lines printed, and OUTDIR/summary.txt, are one line per step.
 set -uo pipefail
@@ -85,6 +87,11 @@ status=0
 built=0
 stamp() { echo "$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUT/summary.txt"; }
 fail() { status=1; stamp "$@"; }
+pack() {
+  [ "${PACK:-0}" = 1 ] || return 0
+  tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" --exclude=prebuilt "$(basename "$OUT")"
+}
+trap pack EXIT
 
 # ---- the offline wheels -------------------------------------------------------------------
 install_wheels() {
