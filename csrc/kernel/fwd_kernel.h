@@ -181,7 +181,8 @@ struct FwdKernel {
     // kReadsMaskElements. Null: every block (a boolean mask, or the in-turn kernel alone)
     unsigned char const* block_elements;
     // (with block_elements) how many of its bytes are 1: a kernel of the pair that has no block
-    // returns before its prologue, where walking every tile's byte in turn took 8.6 us
+    // returns before its prologue (1.7 us), where walking every tile's byte in turn took 8.8 us
+    // (d128, H100)
     int const* element_count;
   };
 
