@@ -73,8 +73,8 @@ void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
   // work falls with the key block, and a section's heaviest CTAs start only once the section
   // before has been handed out; with the head counts models use (powers of two), sections of a
   // power of two divide the heads and the SM waves evenly, where e.g. 3 of 32 heads leave a
-  // late-starting partial section (tools/section_probe.py: a list-scheduling model and the
-  // measured main kernel, BENCHMARKS.md).
+  // late-starting partial section (a list-scheduling model and the measured main kernel,
+  // BENCHMARKS.md).
   if ((p.is_causal || p.mask_kind != MaskKind::kNone) && !p.deterministic) {
     int64_t pow2 = 1;
     while (pow2 * 2 <= hps) { pow2 *= 2; }

@@ -28,7 +28,8 @@ struct FwdParams {
   float rescale_slack = 0.f;
   // the kernel whose softmax overlaps the previous key block's P V inside each warpgroup
   // (FwdKernel's kOverlap); set unless TORCH_SM90_SDPA_FWD_OVERLAP=0 (_cuda_backend.py).
-  // Unmasked and boolean-mask calls only: a float mask runs the in-turn kernel regardless.
+  // With a float mask, the query blocks that need the mask's elements run the in-turn kernel
+  // either way (run_fwd_main).
   bool overlap = false;
   // one CTA per SM (num_sms) walking the tiles, the next tile's loads under the last one's
   // epilogue; set unless TORCH_SM90_SDPA_FWD_PERSISTENT=0 (_cuda_backend.py). Else, or with

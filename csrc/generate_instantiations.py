@@ -122,8 +122,8 @@ FWD_TILES: Dict[int, FwdTile] = {
     256: FwdTile(block_m=128, block_n=64, stages=2),
 }
 # Chosen by ptxas (nvcc 13.0, sm_90a; the four kernels: in-turn / overlap x dense / masked, none
-# spilling with these tiles) and shared memory (Q 128 x D, K and V block_n x D per stage, 227 KB
-# at most); docs/FORWARD.md ("Tiles") has the table:
+# spilling with these tiles but d256's overlap dense kernel, 8 B) and shared memory (Q 128 x D,
+# K and V block_n x D per stage, 227 KB at most); docs/FORWARD.md ("Tiles") has the table:
 # d96 keeps d64 / d128's 128 x 128 x 2 (121 KB).
 # d192: 128 keys and 2 stages need 240 KB; 64 keys and 2 stages take 145 KB, where 128 keys and
 #   1 stage (also 145 KB, no K / V prefetch) spill 232 B in the overlap masked kernel.

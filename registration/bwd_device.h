@@ -7,7 +7,7 @@
 //   Decision can_implement(const BwdProblem&)    served / empty / unsupported (+ reason), and
 //                                                which operands must be passed as copies
 //   WorkspaceLayout workspace_layout(problem)    byte offsets of the fp32 workspaces
-//   BwdParams make_params(problem, ptrs, ws, scale)
+//   BwdParams make_params(problem, ptrs, scale)
 //   void run(const BwdParams&, cudaStream_t)     preprocess, main kernel, postprocess
 //
 // Shapes: q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out / dout [B, Hq, Sq, Dv],

@@ -198,7 +198,7 @@ struct BwdMainloop {
       Layout<Shape<Int<kBlockM>, Int<kBlockN>, Int<kStages>>, Stride<_1, _0, Int<kRowStatStageStride>>>,
       Layout<Shape<Int<kBlockN>, Int<kBlockM>, Int<kStages>>, Stride<_0, _1, Int<kRowStatStageStride>>>>;
 
-  // dQ slice staging tile (fp32, TMA reduce-add source). At d64 and d128 the 32-byte swizzle
+  // dQ slice staging tile (fp32, TMA reduce-add source). At d128 the 32-byte swizzle
   // makes the accumulator's 64-bit stores conflict-free: the hardware splits a warp's 64-bit
   // store into half-warps (4 rows x 2 16-byte chunks each), and only rows of 32 bytes with the
   // chunk flipped every 4 rows put each half-warp on 32 distinct banks. With the 128-byte
