@@ -20,7 +20,10 @@
 #             gate's masked rows): OUTDIR/bench_masks_d<D>.json
 #   sanitize  compute-sanitizer memcheck and racecheck on tools/sanitize_case.py
 #   ncu       Nsight Compute (--set full) of the first launch of NCU_KERNEL (a regex, default
-#             bwd_main_kernel) in NCU_SCRIPT (default benchmarks/profile_bwd.py) --once, per case
+#             bwd_main_kernel, matched against the name NCU_NAME_BASE gives: function (default),
+#             demangled or mangled; e.g. the forward's masked overlap kernel is
+#             NCU_NAME_BASE=mangled NCU_KERNEL='fwd_main_kernel.*Lb1ELb1E') in NCU_SCRIPT
+#             (default benchmarks/profile_bwd.py) --once, per case
 #             of NCU_CASES (';'-separated arguments of the script): headline metrics
 #             (tools/ncu_summary.py) and the top SASS instructions by stalls and shared
 #             wavefronts (tools/ncu_top_instructions.py); the forward: NCU_SCRIPT=
@@ -330,7 +333,7 @@ do_ncu() {
     rep="$OUT/ncu_$i"
     # shellcheck disable=SC2086
     timeout 300 ncu --clock-control none --set full --import-source yes \
-      -k "regex:${NCU_KERNEL:-bwd_main_kernel}" -c 1 -f -o "$rep" \
+      --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:${NCU_KERNEL:-bwd_main_kernel}" -c 1 -f -o "$rep" \
       "$PY" "${NCU_SCRIPT:-benchmarks/profile_bwd.py}" --once $args > "$rep.log" 2>&1
     local rc=$?
     [ "$rc" -eq 0 ] || status=1
