@@ -583,8 +583,12 @@ void run_mask_classify(const BwdParams& p, cudaStream_t stream, const FwdFillRow
   const bool fill_rows = fill != nullptr && p.mask_kind != MaskKind::kBool;
   if (fill_rows) {
     a.row_flags = fill->row_flags;
-    // (element_count: the 16 bytes before row_flags, zeroed by the same memset)
-    cudaMemsetAsync(fill->element_count, 0, 16 + size_t(instances * p.seqlen_q) * sizeof(uint32_t), stream);
+    // element_count lies before row_flags (fwd_mask_workspace_layout): one memset zeroes both,
+    // its size taken from the two addresses rather than from the layout's gap
+    const char* first = reinterpret_cast<const char*>(fill->element_count);
+    const size_t bytes = size_t(reinterpret_cast<const char*>(fill->row_flags) - first) +
+                         size_t(instances * p.seqlen_q) * sizeof(uint32_t);
+    cudaMemsetAsync(fill->element_count, 0, bytes, stream);
   }
   const int64_t tiles = int64_t(p.num_m_blocks) * p.num_n_blocks;
   // warps per tile: enough warps for about 24 per multiprocessor (3 CTAs of 8)

@@ -333,7 +333,8 @@ do_ncu() {
     rep="$OUT/ncu_$i"
     # shellcheck disable=SC2086
     timeout 300 ncu --clock-control none --set full --import-source yes \
-      --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:${NCU_KERNEL:-bwd_main_kernel}" -c 1 -f -o "$rep" \
+      --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:${NCU_KERNEL:-bwd_main_kernel}" \
+      -c 1 -f -o "$rep" \
       "$PY" "${NCU_SCRIPT:-benchmarks/profile_bwd.py}" --once $args > "$rep.log" 2>&1
     local rc=$?
     [ "$rc" -eq 0 ] || status=1

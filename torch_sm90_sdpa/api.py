@@ -2,8 +2,9 @@
 
 Same signature and result as ``torch.nn.functional.scaled_dot_product_attention``. Calls
 we can serve run ``torch_sm90_sdpa::sdpa`` (the stock fused forward, or ours for a boolean
-mask or a bf16 / fp32 additive one broadcast over heads on CUDA, and our backward); in eager mode its body inside ``ops.EagerSdpa``, a plain
-autograd.Function, without the op's dispatch and with a lighter backward node. Every other
+mask or a bf16 / fp32 additive one broadcast over heads on CUDA, and our backward); in eager
+mode its body inside ``ops.EagerSdpa``, a plain autograd.Function, without the op's dispatch
+and with a lighter backward node. Every other
 call goes to the stock function unchanged. Each decision is logged on the
 ``torch_sm90_sdpa`` logger at DEBUG.
 """
